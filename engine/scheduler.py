@@ -1,0 +1,204 @@
+"""Continuous-batching scheduler. Pure Python.
+
+There is no prefill phase and no decode phase. Each request needs
+`num_tokens - num_computed_tokens` more tokens through the model; each step hands
+out a token budget, first to running requests (in order), then to waiting ones
+while KV blocks last. A prompt longer than what is left of the budget is simply
+cut (chunked prefill). When a running request cannot get a block, the request at
+the tail of the running list (the newest, or the lowest priority) is preempted:
+its blocks are freed and it is recomputed later from its tokens (prefix caching
+usually makes that cheap).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step.
+
+    Args:
+        request: the request.
+        num_new_tokens: tokens to compute this step, starting at `num_computed_tokens`.
+        num_computed_tokens: tokens already in the KV cache before this step.
+        block_ids: the request's block table after allocation.
+        samples: whether this step reaches the end of the request's tokens (so a token is sampled).
+    """
+
+    request: Request
+    num_new_tokens: int
+    num_computed_tokens: int
+    block_ids: list[int]
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """The only thing the model runner sees of the scheduler."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    new_request_ids: list[str] = field(default_factory=list)  # first scheduled in this step
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides, every step, which requests run and with how many tokens.
+
+    Args:
+        config: batching limits and policy.
+        block_manager: the KV block pool.
+    """
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queue management ---------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        if self.config.policy == "priority":
+            # Keep `waiting` sorted by (priority, arrival); new arrivals rarely jump far.
+            key = (request.priority, request.arrival_time)
+            index = len(self.waiting)
+            while index > 0 and (self.waiting[index - 1].priority, self.waiting[index - 1].arrival_time) > key:
+                index -= 1
+            self.waiting.insert(index, request)
+        else:
+            self.waiting.append(request)
+
+    def finish_request(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        """Take a request out of the queues and free its blocks."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.block_manager.free(request)
+        request.finish(reason, error)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # ---- the step's decision -------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # 1. Running requests first, in order; preempt from the tail when blocks run out.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_new_tokens_needed, budget)
+            if num_new <= 0:
+                index += 1
+                continue
+            while not self.block_manager.allocate_slots(request, num_new):
+                victim = self._pick_victim()
+                if self.running.index(victim) < index:
+                    index -= 1
+                budget += self._preempt(victim, out)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(self._scheduled(request, num_new))
+                budget -= num_new
+                index += 1
+
+        # 2. Waiting requests, while budget, sequence slots and blocks last. No admission
+        #    in a step that had to preempt: the pool is already too tight.
+        if not out.preempted_request_ids:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if self._waits_for_sibling(request):
+                skipped.append(self.waiting.popleft())
+                continue
+            computed = self.block_manager.get_computed_blocks(request)
+            num_computed = len(computed) * self.block_manager.block_size
+            num_new = min(request.num_tokens - num_computed, budget)
+            request.num_computed_tokens = num_computed
+            if not self.block_manager.allocate_slots(request, num_new, computed):
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+                request.num_cached_tokens = num_computed
+                out.new_request_ids.append(request.request_id)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+        # Siblings that must wait go back to the front, in their order.
+        self.waiting.extendleft(reversed(skipped))
+
+    def _waits_for_sibling(self, request: Request) -> bool:
+        """n > 1: later choices wait until the first one's prompt is in the cache, then share it."""
+        if request.parent_id is None or request.choice_index == 0 or not self.block_manager.enable_prefix_caching:
+            return False
+        for other in self.running:
+            if other.parent_id == request.parent_id and other.num_computed_tokens < request.num_prompt_tokens:
+                return True
+        return any(
+            other.parent_id == request.parent_id and other.choice_index < request.choice_index
+            for other in self.waiting
+        )
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> int:
+        """Preempts by recompute; returns the budget the request had taken in this step."""
+        self.running.remove(request)
+        # A request preempted after being scheduled earlier in this same step loses that slot.
+        refund = sum(s.num_new_tokens for s in out.scheduled if s.request is request)
+        out.scheduled = [s for s in out.scheduled if s.request is not request]
+        self.block_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted_request_ids.append(request.request_id)
+        return refund
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        return ScheduledRequest(
+            request=request,
+            num_new_tokens=num_new,
+            num_computed_tokens=request.num_computed_tokens,
+            block_ids=self.block_manager.get_block_ids(request.request_id),
+            samples=request.num_computed_tokens + num_new == request.num_tokens,
+        )

@@ -1,0 +1,123 @@
+"""Sampler: greedy, seeded randomness as a function of (seed, position), filters, penalties, bias, logprobs."""
+
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from engine.request import Request
+from engine.sampler import Sampler, _filter_top_k_top_p_min_p, seeded_uniform
+from engine.sampling_params import SamplingParams
+
+V = 50
+
+
+def req(tokens=(1, 2, 3), seed=0, eos=frozenset({0}), **params) -> Request:
+    return Request("r", list(tokens), SamplingParams(**params), eos_token_ids=eos, seed=seed)
+
+
+def test_greedy_takes_argmax():
+    logits = torch.randn(3, V)
+    out = Sampler()(logits, [req(temperature=0.0) for _ in range(3)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_seeded_uniform_is_a_pure_function_and_in_range():
+    seeds = torch.tensor([1, 2**62 + 5, 1])
+    pos = torch.tensor([10, 10, 11])
+    u1 = seeded_uniform(seeds, pos, 1000)
+    u2 = seeded_uniform(seeds.flip(0).flip(0), pos.clone(), 1000)
+    assert torch.equal(u1, u2)
+    assert (u1 > 0).all() and (u1 < 1).all()
+    assert not torch.equal(u1[0], u1[2]) and not torch.equal(u1[0], u1[1])
+    big = seeded_uniform(torch.arange(200), torch.zeros(200, dtype=torch.int64), 1000)
+    assert abs(big.mean().item() - 0.5) < 0.01 and abs(big.var().item() - 1 / 12) < 0.005
+
+
+def test_same_seed_and_position_give_same_token_in_any_batch():
+    logits = torch.randn(1, V)
+    a = Sampler()(logits, [req(seed=42, temperature=1.0)]).token_ids[0]
+    batch = torch.cat([torch.randn(2, V), logits])
+    b = Sampler()(batch, [req(seed=7), req(seed=8), req(seed=42, temperature=1.0)]).token_ids[2]
+    assert a == b
+
+
+def test_random_choice_follows_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()[None].repeat(4000, 1)
+    requests = [req(tokens=[1] * (i + 1), seed=123) for i in range(4000)]  # 4000 positions
+    tokens = torch.tensor(Sampler()(logits, requests).token_ids)
+    freq = torch.bincount(tokens, minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(5, 1.0, 0.0), (0, 0.8, 0.0), (0, 1.0, 0.2), (7, 0.6, 0.05)])
+def test_filters_match_transformers_warpers(top_k, top_p, min_p):
+    torch.manual_seed(0)
+    logits = torch.randn(4, V) * 3
+    ours = _filter_top_k_top_p_min_p(logits.clone(), [top_k] * 4, [top_p] * 4, [min_p] * 4)
+    ref = logits.clone()
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p < 1:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    if min_p:
+        ref = MinPLogitsWarper(min_p)(None, ref)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    kept = ~torch.isinf(ref)
+    assert torch.allclose(ours[kept], ref[kept])
+
+
+def test_repetition_penalty_matches_transformers():
+    torch.manual_seed(1)
+    logits = torch.randn(1, V)
+    r = req(tokens=[3, 4, 4, 9], temperature=0.0, repetition_penalty=1.3)
+    processed = Sampler()._apply_penalties(logits.clone(), [r])
+    ref = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([[3, 4, 4, 9]]), logits.clone())
+    assert torch.allclose(processed, ref)
+
+
+def test_presence_and_frequency_penalties_count_output_tokens_only():
+    logits = torch.zeros(1, V)
+    r = req(tokens=[5, 6], presence_penalty=0.5, frequency_penalty=0.25)
+    r.append_token(6)
+    r.append_token(6)
+    r.append_token(7)
+    out = Sampler()._apply_penalties(logits.clone(), [r])
+    assert out[0, 5] == 0  # prompt only: untouched
+    assert out[0, 6] == pytest.approx(-(0.5 + 2 * 0.25))
+    assert out[0, 7] == pytest.approx(-(0.5 + 0.25))
+
+
+def test_logit_bias_forces_a_token_and_min_tokens_blocks_eos():
+    logits = torch.zeros(1, V)
+    logits[0, 0] = 50.0  # EOS dominates
+    out = Sampler()(logits, [req(temperature=0.0, logit_bias={17: 100.0})])
+    assert out.token_ids == [17]
+    out = Sampler()(logits, [req(temperature=0.0, min_tokens=2, max_tokens=5)])
+    assert out.token_ids != [0]
+
+
+def test_non_finite_row_is_an_error_for_that_row_only():
+    logits = torch.randn(2, V)
+    logits[1, 3] = float("nan")
+    out = Sampler()(logits, [req(temperature=0.0), req(temperature=0.0)])
+    assert out.errors[0] is None and "non-finite" in out.errors[1]
+    assert out.token_ids[0] == logits[0].argmax().item()
+
+
+def test_logprobs_are_raw_log_softmax_with_top_alternatives():
+    torch.manual_seed(2)
+    logits = torch.randn(1, V)
+    out = Sampler()(logits, [req(temperature=0.0, logprobs=3)])
+    lp = out.logprobs[0]
+    ref = torch.log_softmax(logits[0], -1)
+    assert lp.token_id == out.token_ids[0]
+    assert math.isclose(lp.logprob, ref.max().item(), rel_tol=1e-6)
+    assert list(lp.top) == ref.topk(3).indices.tolist()

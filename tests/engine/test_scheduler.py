@@ -1,0 +1,172 @@
+"""Scheduler: token budget, chunked prefill, admission while blocks last, preemption order, priority."""
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.request import FinishReason, Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+BS = 4
+
+
+def make(rid: str, n: int, priority: int = 0, arrival: float = 0.0) -> Request:
+    return Request(
+        request_id=rid,
+        prompt_token_ids=[(hash(rid) + i) % 1000 for i in range(n)],
+        sampling_params=SamplingParams(),
+        priority=priority,
+        arrival_time=arrival,
+    )
+
+
+def sched(num_blocks: int, budget: int = 64, max_seqs: int = 8, policy: str = "fcfs") -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, policy=policy),
+        BlockManager(num_blocks, BS),
+    )
+
+
+def run_step(s: Scheduler, new_token: int = 7):
+    """Apply a schedule the way the engine does: computed tokens advance, samplers get a token."""
+    out = s.schedule()
+    for item in out.scheduled:
+        item.request.num_computed_tokens += item.num_new_tokens
+        s.block_manager.cache_full_blocks(item.request, item.request.num_computed_tokens)
+        if item.samples:
+            item.request.append_token(new_token)
+    return out
+
+
+def test_prefill_and_decode_share_one_step():
+    s = sched(32)
+    a = make("a", 6)
+    s.add_request(a)
+    out = run_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 6)]
+    b = make("b", 5)
+    s.add_request(b)
+    out = run_step(s)
+    # a decodes one token and b prefills in the same step.
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 1), ("b", 5)]
+    assert out.new_request_ids == ["b"]
+
+
+def test_chunked_prefill_respects_the_budget_and_samples_only_at_the_end():
+    s = sched(32, budget=8)
+    a = make("a", 20)
+    s.add_request(a)
+    chunks = []
+    for _ in range(3):
+        out = run_step(s)
+        chunks.append((out.scheduled[0].num_new_tokens, out.scheduled[0].samples))
+    assert chunks == [(8, False), (8, False), (4, True)]
+    assert a.output_token_ids == [7]
+
+
+def test_budget_is_shared_first_come_first_served():
+    s = sched(32, budget=10)
+    a, b, c = make("a", 6), make("b", 6), make("c", 6)
+    for r in (a, b, c):
+        s.add_request(r)
+    out = run_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 6), ("b", 4)]
+    assert list(s.waiting) == [c]
+
+
+def test_admission_stops_when_blocks_run_out():
+    s = sched(4)  # 16 token slots
+    a, b = make("a", 12), make("b", 8)  # a: 3 blocks, b: 2 blocks
+    s.add_request(a)
+    s.add_request(b)
+    out = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["a"]
+    assert s.block_manager.get_block_ids("a") == [0, 1, 2]
+    assert b.status is RequestStatus.WAITING and b.num_computed_tokens == 0
+
+
+def test_max_num_seqs_caps_running():
+    s = sched(64, max_seqs=2)
+    for rid in "abc":
+        s.add_request(make(rid, 3))
+    run_step(s)
+    assert [r.request_id for r in s.running] == ["a", "b"]
+
+
+def test_preemption_takes_the_tail_and_requeues_it_first():
+    s = sched(4, budget=64)
+    a, b = make("a", 8), make("b", 8)  # 2 blocks each: the pool is full after admission
+    s.add_request(a)
+    s.add_request(b)
+    run_step(s)
+    assert s.block_manager.get_block_ids("a") == [0, 1]
+    assert s.block_manager.get_block_ids("b") == [2, 3]
+    # Both now need a 3rd block for their 9th token: b (the tail) is preempted for a.
+    out = run_step(s)
+    assert out.preempted_request_ids == ["b"]
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 1)]
+    assert s.block_manager.get_block_ids("a") == [0, 1, 3]  # b's tail block freed first, reused first
+    assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0 and b.num_preemptions == 1
+    assert list(s.waiting) == [b]
+    assert s.num_preemptions == 1
+
+
+def test_preempted_request_resumes_with_prefix_cache_hits_after_room_frees():
+    s = sched(5, budget=64)
+    a, b = make("a", 8), make("b", 8)
+    s.add_request(a)
+    s.add_request(b)
+    run_step(s)  # a: [0, 1], b: [2, 3]
+    run_step(s)  # a, b each take a 3rd block: a [0,1,4]; b needs one more -> preempt b
+    assert s.running == [a]
+    s.finish_request(a, FinishReason.STOP)
+    out = run_step(s)
+    # b comes back: its two full prompt blocks were kept in the cache; it recomputes only the rest.
+    item = out.scheduled[0]
+    assert item.request is b and item.num_computed_tokens == 8 and item.num_new_tokens == 1
+
+
+def test_priority_policy_orders_waiting_and_preempts_lowest_priority():
+    s = sched(4, policy="priority")
+    low = make("low", 8, priority=5, arrival=0.0)
+    high = make("high", 8, priority=0, arrival=1.0)
+    s.add_request(low)
+    s.add_request(high)
+    assert [r.request_id for r in s.waiting] == ["high", "low"]
+    run_step(s)
+    assert [r.request_id for r in s.running] == ["high", "low"]
+    out = run_step(s)
+    assert out.preempted_request_ids == ["low"]
+
+
+def test_finish_frees_blocks_and_removes_from_running():
+    s = sched(8)
+    a = make("a", 6)
+    s.add_request(a)
+    run_step(s)
+    s.finish_request(a, FinishReason.ABORT)
+    assert s.running == [] and s.block_manager.num_free_blocks == 8
+    assert a.finish_reason is FinishReason.ABORT
+
+
+def test_waiting_request_can_be_finished():
+    s = sched(8)
+    a = make("a", 6)
+    s.add_request(a)
+    s.finish_request(a, FinishReason.ABORT)
+    assert not s.has_unfinished()
+
+
+def test_n_siblings_wait_for_the_first_prompt_then_share_its_blocks():
+    s = sched(16)
+    prompt = list(range(9))
+    kids = [
+        Request(f"p#{i}", list(prompt), SamplingParams(n=2), parent_id="p", choice_index=i) for i in range(2)
+    ]
+    for k in kids:
+        s.add_request(k)
+    out = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["p#0"]
+    out = run_step(s)
+    second = [x for x in out.scheduled if x.request.request_id == "p#1"][0]
+    assert second.num_computed_tokens == 8  # two full blocks shared
+    assert s.block_manager.get_block_ids("p#1")[:2] == s.block_manager.get_block_ids("p#0")[:2]
