@@ -19,6 +19,10 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_SEED = 2**63 - 1
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _finite(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -74,7 +78,7 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         _finite("temperature", self.temperature)
         if self.temperature < 0:
@@ -82,7 +86,7 @@ class SamplingParams:
         _finite("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an integer >= -1 (-1 or 0 disables), got {self.top_k!r}")
         _finite("min_p", self.min_p)
         if not 0 <= self.min_p <= 1:
@@ -104,9 +108,7 @@ class SamplingParams:
                 _finite(f"logit_bias[{token}]", bias)
                 if not -100 <= bias <= 100:
                     raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {bias}")
-        if self.seed is not None and (
-            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED
-        ):
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {self.seed!r}")
         if len(self.stop) > MAX_STOP_SEQUENCES:
             raise ValueError(f"stop may hold at most {MAX_STOP_SEQUENCES} strings, got {len(self.stop)}")
@@ -114,22 +116,16 @@ class SamplingParams:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
             if len(s) > MAX_STOP_SEQUENCE_CHARS:
-                raise ValueError(
-                    f"each stop string may be at most {MAX_STOP_SEQUENCE_CHARS} characters, got {len(s)}"
-                )
+                raise ValueError(f"each stop string may be at most {MAX_STOP_SEQUENCE_CHARS} characters, got {len(s)}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.max_tokens is not None and (
-            not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
-        ):
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (
-            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property

@@ -170,8 +170,7 @@ class Scheduler:
             if other.parent_id == request.parent_id and other.num_computed_tokens < request.num_prompt_tokens:
                 return True
         return any(
-            other.parent_id == request.parent_id and other.choice_index < request.choice_index
-            for other in self.waiting
+            other.parent_id == request.parent_id and other.choice_index < request.choice_index for other in self.waiting
         )
 
     def _pick_victim(self) -> Request:

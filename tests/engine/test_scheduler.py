@@ -159,9 +159,7 @@ def test_waiting_request_can_be_finished():
 def test_n_siblings_wait_for_the_first_prompt_then_share_its_blocks():
     s = sched(16)
     prompt = list(range(9))
-    kids = [
-        Request(f"p#{i}", list(prompt), SamplingParams(n=2), parent_id="p", choice_index=i) for i in range(2)
-    ]
+    kids = [Request(f"p#{i}", list(prompt), SamplingParams(n=2), parent_id="p", choice_index=i) for i in range(2)]
     for k in kids:
         s.add_request(k)
     out = run_step(s)

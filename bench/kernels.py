@@ -1,0 +1,221 @@
+"""Kernel benchmarks of /work/shared/BENCHMARKS.md in one run: ceilings, prefill and
+decode attention, and the memory-bound kernels, against torch in the same process.
+
+    python -m bench.kernels              # on a CUDA GPU, from the repo root
+    python -m bench.kernels --dry-run    # CPU: one tiny case of each through the Triton interpreter
+
+Writes kernels.json and kernels.md into $OUT (default ./bench/results/tmp), with the
+date, GPU name and torch/triton versions. Figures are fractions of the ceilings
+measured in the same run and ratios to the torch peers measured beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+SUITES = ("prefill", "decode", "small")
+PREFILL_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+DECODE_CASES = ((1, 4096), (1, 65536), (16, 4096), (64, 2048), (256, 1024))
+SMALL_OPS = ("rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "store_kv")
+SMALL_TOKENS = (1, 64, 4096, 32768)
+SMALL_HIDDENS = (2048, 4096, 8192)
+
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="one tiny case of each on the CPU interpreter")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"), help="output folder ($OUT)")
+    parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated subset of {SUITES}")
+    parser.add_argument("--sweep", action="store_true", help="also sweep the attention kernels' tile sizes and splits")
+    return parser.parse_args(argv)
+
+
+def _environment(device) -> dict:
+    import torch
+    import triton
+
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(gpu=props.name, sms=props.multi_processor_count, l2_bytes=props.L2_cache_size,
+                    memory_gib=round(props.total_memory / 2**30, 1))  # fmt: skip
+    else:
+        meta.update(gpu="none (dry run on the CPU interpreter)", sms=0, l2_bytes=0)
+    return meta
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown table of rows; columns are (key, header, format spec).
+
+    A column no row has is left out (the dry run's SDPA math peer, say); a key only some rows have prints '-'.
+    """
+    columns = [c for c in columns if any(c[0] in row for row in rows)]
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for key, _, spec in columns:
+            value = row.get(key)
+            cells.append("-" if value is None else format(value, spec) if spec else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _markdown(results: dict) -> str:
+    meta, ceil = results["meta"], results["ceilings"]
+    parts = [
+        "# inferq kernel benchmarks",
+        "",
+        f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · python {meta['python']}",
+        "",
+        "Medians of triton.testing.do_bench (L2 flushed before each call), inputs rotated through copies larger "
+        "than twice the L2. Decode and the memory-bound kernels are timed as a CUDA graph of the calls (GPU time "
+        "without Python launch overhead, as the engine's graphed decode runs; the torch KV store syncs on the host "
+        "and is timed on the stream); prefill and the ceilings per call on the stream. Rows' `*_timing` fields in "
+        "kernels.json say which.",
+        "",
+        "## Ceilings (same run)",
+        "",
+        f"- device-to-device copy: {ceil['copy_gbps']:.0f} GB/s (bytes read + written)",
+        f"- large reduction: {ceil['read_gbps']:.0f} GB/s (bytes read)",
+        f"- bf16 matmul {ceil['matmul_n']}^3: {ceil['matmul_tflops']:.0f} TFLOP/s",
+    ]
+    if "prefill" in results:
+        parts += ["", "## Prefill attention (causal, paged K/V, TFLOP/s)", "", _table(results["prefill"], [
+            ("S", "S", ""), ("B", "B", ""), ("inferq_tflops", "inferq", ".0f"),
+            ("sdpa_flash_tflops", "SDPA flash", ".0f"), ("sdpa_cudnn_tflops", "SDPA cuDNN", ".0f"),
+            ("sdpa_math_tflops", "SDPA math", ".3f"),
+            ("inferq_vs_sdpa_flash", "vs flash", ".2f"), ("inferq_vs_sdpa_cudnn", "vs cuDNN", ".2f"),
+            ("max_abs_diff_vs_sdpa_flash", "max diff", ".1e"), ("max_abs_diff_vs_sdpa_math", "max diff (math)", ".1e"),
+        ])]  # fmt: skip
+    if "decode" in results:
+        parts += ["", "## Decode attention (paged K/V, GB/s of K+V read)", "", _table(results["decode"], [
+            ("B", "B", ""), ("L", "L", ""), ("splits", "splits", ""), ("inferq_us", "inferq us", ".1f"),
+            ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_read_bw", "of read BW", ".0%"),
+            ("sdpa_flash_gbps", "SDPA flash GB/s", ".0f"), ("inferq_vs_sdpa_flash", "vs flash", ".2f"),
+            ("max_abs_diff_vs_sdpa_flash", "max diff", ".1e"), ("max_abs_diff_vs_sdpa_math", "max diff (math)", ".1e"),
+        ])]  # fmt: skip
+    if "small" in results:
+        parts += ["", "## Memory-bound kernels (bf16, GB/s, fraction of copy bandwidth)", "", _table(results["small"], [
+            ("op", "op", ""), ("T", "T", ""), ("H", "H", ""), ("inferq_us", "inferq us", ".1f"),
+            ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_bw", "of BW", ".0%"),
+            ("eager_gbps", "eager GB/s", ".0f"), ("compile_gbps", "compile GB/s", ".0f"),
+            ("inferq_vs_eager", "vs eager", ".2f"), ("inferq_vs_compile", "vs compile", ".2f"),
+        ])]  # fmt: skip
+    if "sweep_prefill" in results:
+        parts += ["", "## Sweep: prefill tiles (TFLOP/s)", "", _table(results["sweep_prefill"], [
+            ("S", "S", ""), ("BLOCK_M", "BLOCK_M", ""), ("BLOCK_N", "BLOCK_N", ""), ("num_warps", "warps", ""),
+            ("num_stages", "stages", ""), ("tflops", "TFLOP/s", ".0f"), ("max_diff", "max diff", ".1e"),
+            ("error", "error", ""),
+        ])]  # fmt: skip
+    if "sweep_decode" in results:
+        parts += ["", "## Sweep: decode tiles and splits (GB/s of K+V read)", "", _table(results["sweep_decode"], [
+            ("B", "B", ""), ("L", "L", ""), ("BLOCK_N", "BLOCK_N", ""), ("num_warps", "warps", ""),
+            ("num_stages", "stages", ""), ("splits", "splits", ""), ("us", "us", ".1f"), ("gbps", "GB/s", ".0f"),
+            ("error", "error", ""),
+        ])]  # fmt: skip
+    errors = [(suite, row) for suite in SUITES for row in results.get(suite, []) if any("error" in k for k in row)]
+    if errors:
+        parts += ["", "## Errors", ""]
+        for suite, row in errors:
+            parts.append(f"- {suite}: " + "; ".join(f"{k}: {v}" for k, v in row.items() if "error" in k))
+    return "\n".join(parts) + "\n"
+
+
+def _write(out: Path, results: dict) -> None:
+    """JSON and markdown of what is measured so far (after every suite, so a cut-off run keeps its figures)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "kernels.md").write_text(_markdown(results))
+
+
+def _run_suites(bench, suites: list[str], results: dict, out: Path) -> None:
+    from bench.attention_suites import decode_suite, prefill_suite
+    from bench.small_kernel_suite import small_kernel_suite
+
+    tiny = bench.dry_run
+    if "prefill" in suites:
+        if tiny:
+            results["prefill"] = prefill_suite(bench, (32,), 64, 4, 1, 64)
+        else:
+            results["prefill"] = prefill_suite(bench, PREFILL_SEQ_LENS, 16384, 32, 8, 128)
+        print(f"[bench] prefill {results['prefill']}", flush=True)
+        _write(out, results)
+    if "decode" in suites:
+        if tiny:
+            results["decode"] = decode_suite(bench, ((2, 40),), 4, 1, 64)
+        else:
+            results["decode"] = decode_suite(bench, DECODE_CASES, 32, 8, 128)
+        for row in results["decode"]:
+            row["inferq_frac_read_bw"] = row["inferq_gbps"] / results["ceilings"]["read_gbps"]
+        print(f"[bench] decode {results['decode']}", flush=True)
+        _write(out, results)
+    if "small" in suites:
+        tokens, hiddens = ((3,), (256,)) if tiny else (SMALL_TOKENS, SMALL_HIDDENS)
+        bandwidth = results["ceilings"]["copy_gbps"]
+        results["small"] = small_kernel_suite(bench, SMALL_OPS, tokens, hiddens, bandwidth_gbps=bandwidth)
+        print(f"[bench] small kernels: {len(results['small'])} rows", flush=True)
+        _write(out, results)
+
+
+def _run_sweeps(bench, results: dict, out: Path) -> None:
+    from bench.kernel_sweeps import DECODE_TILES, PREFILL_TILES, sweep_decode, sweep_prefill
+
+    if bench.dry_run:
+        results["sweep_prefill"] = sweep_prefill(bench, (32,), 64, 4, 1, 64, tile_list=PREFILL_TILES[:2])
+        results["sweep_decode"] = sweep_decode(bench, ((2, 40),), 4, 1, 64, tile_list=DECODE_TILES[:2])
+    else:
+        results["sweep_prefill"] = sweep_prefill(bench, (1024, 4096, 16384))
+        _write(out, results)
+        results["sweep_decode"] = sweep_decode(bench, DECODE_CASES)
+    print(f"[bench] sweeps: {len(results['sweep_prefill'])} + {len(results['sweep_decode'])} rows", flush=True)
+
+
+def main(argv=None) -> dict:
+    args = _parse_args(argv)
+    suites = [s for s in args.suites.split(",") if s]
+    unknown = set(suites) - set(SUITES)
+    if unknown:
+        raise SystemExit(f"unknown suites {sorted(unknown)}; choose from {SUITES}")
+    if args.dry_run:
+        from kernels.interpreter import use_cpu_interpreter
+
+        use_cpu_interpreter()  # before anything imports triton
+    import torch
+
+    from bench.kernel_math import check_arithmetic
+    from bench.kernel_timing import Bench, measure_ceilings
+
+    check_arithmetic()
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run for the CPU interpreter")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    torch.manual_seed(0)
+    meta = _environment(device)
+    bench = Bench(device=device, dry_run=args.dry_run, l2_bytes=meta["l2_bytes"])
+    print(f"[bench] {meta['gpu']} torch {meta['torch']} triton {meta['triton']}", flush=True)
+    out = Path(args.out)
+    results: dict = {"meta": meta, "ceilings": measure_ceilings(bench)}
+    print(f"[bench] ceilings {results['ceilings']}", flush=True)
+    _write(out, results)
+    _run_suites(bench, suites, results, out)
+    if args.sweep:
+        _run_sweeps(bench, results, out)
+    _write(out, results)
+    print(_markdown(results), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: the kernel tests for real on the GPU, then the kernel benchmarks.
+# Run from the repo root:  bash bench/run_gpu_kernels.sh
+# Writes into $OUT (default bench/results/tmp): gpu.txt, tests.log, bench.log, kernels.json, kernels.md.
+# Each phase has its own time limit (TESTS_TIMEOUT_S, BENCH_TIMEOUT_S) so that one slow
+# phase cannot starve the other inside a 10-minute call; the bench writes its JSON and
+# markdown after every suite, so a cut-off run keeps what it measured.
+set -uo pipefail
+
+OUT="${OUT:-bench/results/tmp}"
+PYTHON="${PYTHON:-python3}"
+export OUT PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
+"$PYTHON" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+
+# Tests compile many kernel variants: spread them over processes when pytest-xdist is there.
+xdist_args=()
+if "$PYTHON" -c 'import xdist' 2>/dev/null; then
+    xdist_args=(-n "${TEST_WORKERS:-8}")
+fi
+timeout "${TESTS_TIMEOUT_S:-300}" "$PYTHON" -m pytest tests/kernels -q -p no:cacheprovider -p no:benchmark --durations=10 \
+    "${xdist_args[@]}" 2>&1 | tee "$OUT/tests.log"
+tests_rc=${PIPESTATUS[0]}
+
+timeout "${BENCH_TIMEOUT_S:-270}" "$PYTHON" -m bench.kernels --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+echo "tests exit code: $tests_rc, bench exit code: $bench_rc (124 = ran out of time)"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -1,0 +1,215 @@
+"""Output token ids -> text, a few tokens at a time, with stop strings. Pure Python.
+
+Decoding one token at a time is wrong (a byte-level token may hold half of a
+UTF-8 character; a SentencePiece token drops its leading space when decoded
+alone), and decoding the whole output every step costs O(output length). So,
+as vLLM does, we decode a small window: the last few tokens whose text is
+already known plus the new ones, and emit only the characters past what was
+already taken from that window.
+
+Two kinds of text are held back:
+  1. A trailing U+FFFD: the window ends inside a multi-byte character that the
+     next token may complete. It is released when the text ends cleanly, or at
+     `flush`.
+  2. The longest tail that is still the beginning of some stop string. It is
+     released as soon as the following text shows it cannot complete one.
+
+Stop strings: the output ends at the first stop string to complete (the one
+whose occurrence ends earliest; on a tie, the one that starts earliest). That
+is the rule an engine checking after every token applies, and it makes the
+result the same however the output is split into steps. The emitted text ends
+right before the stop string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+# Tokens of already-taken text kept at the start of the window, so the next token
+# decodes in context (its leading space, a character it completes).
+_CONTEXT_TOKENS = 4
+# The longest incomplete UTF-8 sequence is 3 bytes; a byte-fallback decoder shows one
+# U+FFFD per byte, a byte-level one a single U+FFFD for all of them. More trailing
+# replacement characters than this are invalid bytes that no later token can fix.
+_MAX_PENDING_REPLACEMENTS = 3
+# A window whose text does not end cleanly (a big step that ends inside a character, a run of
+# invalid bytes) is cut anyway past this many tokens, so a step stays O(window).
+_MAX_WINDOW_TOKENS = 64
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+def _stable_length(text: str) -> int:
+    """Length of `text` without the replacement characters that a later token could still change."""
+    pending = 0
+    while pending < _MAX_PENDING_REPLACEMENTS and pending < len(text) and text[-1 - pending] == _REPLACEMENT_CHAR:
+        pending += 1
+    return len(text) - pending
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output tokens into text deltas and cuts it at stop strings.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (only `decode` is used).
+        context_token_ids: the tokens before the output (the prompt, plus output tokens emitted
+            earlier when a request is resumed). Their text is never emitted; the last few only
+            give the first output tokens their context.
+        stop: strings that end the output; the output never contains them.
+        skip_special_tokens: drop special tokens (such as `<|im_end|>`) from the text.
+
+    `add_tokens` returns the text newly safe to emit; `flush` returns what is still held back once
+    generation ends. Their concatenation equals `tokenizer.decode(output_ids, skip_special_tokens=...)`
+    (cut before the first stop string) whenever the context's text ends on a character boundary; a
+    character that the context leaves incomplete (a resumed request) is emitted whole once completed.
+
+    Raises:
+        ValueError: a stop string is empty or not a string.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        context_token_ids: Sequence[int],
+        stop: Iterable[str] = (),
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._stops: list[str] = []
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+            if s not in self._stops:
+                self._stops.append(s)
+        self._max_stop_len = max((len(s) for s in self._stops), default=0)
+        self._stop_first_chars = frozenset(s[0] for s in self._stops)
+
+        # NOTE: `_window` holds the only token ids kept; `_taken` is how many characters of
+        # decode(_window) have already moved on (to `_held` or out). The window is cut back to
+        # `_CONTEXT_TOKENS` whenever its text ends cleanly, so decoding it stays O(window).
+        start = max(0, len(context_token_ids) - _CONTEXT_TOKENS)
+        # Start the window on a token that begins a character: a window that starts with the tail
+        # bytes of one would show a U+FFFD there, and a context of only such tokens would be
+        # mistaken below for a character still waiting for its last bytes.
+        while (
+            start > 0
+            and len(context_token_ids) - start < 2 * _CONTEXT_TOKENS
+            and self._decode([context_token_ids[start]]).startswith(_REPLACEMENT_CHAR)
+        ):
+            start -= 1
+        self._window: list[int] = list(context_token_ids[start:])
+        # A context that ends inside a character (a resumed request whose last emitted token was
+        # half of one) leaves that character to be emitted once the output completes it.
+        self._taken = _stable_length(self._decode(self._window))
+        self._held = ""  # decoded text not emitted yet because a stop string may start in it
+        self._pieces: list[str] = []  # every emitted delta; joined lazily by `text`
+        self.stopped = False
+        self.stop_string: str | None = None
+
+    @property
+    def text(self) -> str:
+        """All output text emitted so far."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    def add_tokens(self, new_token_ids: Sequence[int]) -> str:
+        """Feed the next output tokens.
+
+        Args:
+            new_token_ids: tokens generated since the last call (any number, in order).
+
+        Returns:
+            The text that is now safe to emit ("" once stopped).
+        """
+        if self.stopped or not new_token_ids:
+            return ""
+        self._window.extend(new_token_ids)
+        window_text = self._decode(self._window)
+        stable = _stable_length(window_text)
+        new_text = window_text[self._taken : stable]
+        self._taken = max(self._taken, stable)
+        is_clean = self._taken == len(window_text)
+        if len(self._window) > _CONTEXT_TOKENS and (is_clean or len(self._window) > _MAX_WINDOW_TOKENS):
+            new_text += self._cut_window(window_text)
+        return self._release(new_text, final=False)
+
+    def flush(self) -> str:
+        """Everything still held back, once generation has finished without a stop string.
+
+        Returns:
+            The remaining text, cut before a stop string if one shows up only now.
+        """
+        if self.stopped:
+            return ""
+        window_text = self._decode(self._window)
+        new_text = window_text[self._taken :]
+        self._taken = len(window_text)
+        return self._release(new_text, final=True)
+
+    def _cut_window(self, window_text: str) -> str:
+        """Keep only the last `_CONTEXT_TOKENS` tokens, their pending replacement characters still pending.
+
+        Returns:
+            Text that had to be taken as final to cut the window ("" but for runs of invalid bytes).
+        """
+        num_pending = len(window_text) - self._taken
+        tail = self._window[-_CONTEXT_TOKENS:]
+        tail_text = self._decode(tail)
+        # NOTE: an incomplete character is at most 3 bytes, so it lies inside the tail and its
+        # U+FFFD end the tail's text too. Pending ones the tail does not end with were invalid
+        # bytes (final), released now.
+        while not tail_text.endswith(_REPLACEMENT_CHAR * num_pending):
+            num_pending -= 1
+        released = window_text[self._taken : len(window_text) - num_pending]
+        self._window = tail
+        self._taken = len(tail_text) - num_pending
+        return released
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
+
+    def _release(self, new_text: str, final: bool) -> str:
+        """Append `new_text` to the held text; emit what can no longer be part of a stop string."""
+        held = self._held + new_text
+        if not self._stops:
+            self._held = ""
+            return self._emit(held)
+        match = self._find_stop(held)
+        if match is not None:
+            start, stop_string = match
+            self.stopped = True
+            self.stop_string = stop_string
+            self._held = ""
+            self._window = []
+            return self._emit(held[:start])
+        keep = 0 if final else self._stop_prefix_tail_length(held)
+        self._held = held[len(held) - keep :]
+        return self._emit(held[: len(held) - keep])
+
+    def _emit(self, delta: str) -> str:
+        if delta:
+            self._pieces.append(delta)
+        return delta
+
+    def _find_stop(self, held: str) -> tuple[int, str] | None:
+        """The stop string whose first occurrence in `held` ends earliest (ties: starts earliest)."""
+        # NOTE: emitted text never holds the start of a stop string (see `_stop_prefix_tail_length`),
+        # so every occurrence lies wholly inside `held`.
+        best: tuple[int, int, str] | None = None
+        for s in self._stops:
+            start = held.find(s)
+            if start >= 0 and (best is None or (start + len(s), start) < best[:2]):
+                best = (start + len(s), start, s)
+        return None if best is None else (best[1], best[2])
+
+    def _stop_prefix_tail_length(self, held: str) -> int:
+        """Length of the longest tail of `held` that some stop string starts with (shorter than it)."""
+        for start in range(max(0, len(held) - self._max_stop_len + 1), len(held)):
+            if held[start] in self._stop_first_chars:
+                tail = held[start:]
+                if any(s.startswith(tail) for s in self._stops):
+                    return len(held) - start
+        return 0

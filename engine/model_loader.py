@@ -1,0 +1,143 @@
+"""From a ModelConfig to a model with weights, on a device, in a dtype.
+
+`model` may be "default" (the packaged SmolLM2 GGUF), a `.gguf` file, a local
+checkpoint directory or a Hugging Face Hub id; GGUF files are converted once to a
+checkpoint directory (see engine/weights/gguf.py), so every path ends in one place:
+a directory with config.json, safetensors and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.models.registry import resolve_model_class
+from engine.weights.default_model import default_gguf_path
+from engine.weights.dummy import initialize_dummy_weights
+from engine.weights.errors import CheckpointError
+from engine.weights.gguf import convert_gguf
+from engine.weights.hub import download_checkpoint, looks_like_hub_id
+from engine.weights.safetensors import checkpoint_files, iterate_weights
+
+
+@dataclass
+class LoadedModel:
+    """What load_model returns.
+
+    Args:
+        model: the model, in eval mode, parameters on the device in the dtype.
+        hf_config: the checkpoint's transformers config.
+        model_dir: the checkpoint directory (tokenizer and generation config live there).
+        max_model_len: the longest sequence served (the ModelConfig's, else the checkpoint's).
+    """
+
+    model: nn.Module
+    hf_config: Any
+    model_dir: Path
+    max_model_len: int
+
+
+def load_model(
+    model_config: ModelConfig, device: torch.device, dtype: torch.dtype, cache_dir: str | None = None
+) -> LoadedModel:
+    """Builds the model of `model_config` and loads its weights.
+
+    Args:
+        model_config: which checkpoint, load format, max_model_len and dummy seed.
+        device: where parameters live; torch.device("meta") builds shapes only (dummy).
+        dtype: parameter dtype (the rotary table stays float32).
+        cache_dir: root of converted GGUF checkpoints; None is ~/.cache/inferq/models.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be found, fetched, read or converted.
+        ValueError: an unsupported architecture, weights that do not fit the config, or a
+            max_model_len beyond the checkpoint's.
+    """
+    model_dir = resolve_model_dir(model_config, cache_dir)
+    hf_config = load_hf_config(model_dir)
+    max_model_len = resolve_max_model_len(hf_config, model_config.max_model_len)
+    model_class = resolve_model_class(hf_config)
+    with _default_device_and_dtype(device, dtype):
+        model = model_class(hf_config)
+    if model_config.load_format == "dummy":
+        initialize_dummy_weights(model, model_config.seed)
+    else:
+        model.load_weights(iterate_weights(checkpoint_files(model_dir)))
+    model.eval()
+    return LoadedModel(model=model, hf_config=hf_config, model_dir=model_dir, max_model_len=max_model_len)
+
+
+def resolve_model_dir(model_config: ModelConfig, cache_dir: str | None = None) -> Path:
+    """The local checkpoint directory of `model_config.model`, converting or downloading it."""
+    model, load_format = model_config.model, model_config.load_format
+    if model == "default":
+        return convert_gguf(default_gguf_path(), cache_dir)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if load_format == "safetensors":
+            raise ValueError(f"load_format 'safetensors' does not fit the GGUF file {path}")
+        return convert_gguf(path, cache_dir)
+    if path.is_dir():
+        if load_format == "gguf":
+            return convert_gguf(_single_gguf_in(path), cache_dir)
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"model directory {path} has no config.json")
+        return path
+    if path.exists():
+        raise CheckpointError(f"model {path} is a file but not a .gguf file; pass a checkpoint directory")
+    if looks_like_hub_id(model):
+        return download_checkpoint(model, model_config.revision, weights=load_format != "dummy")
+    raise CheckpointError(f"model {model!r} is neither an existing path nor a Hugging Face Hub id")
+
+
+def _single_gguf_in(directory: Path) -> Path:
+    files = sorted(directory.glob("*.gguf"))
+    if len(files) != 1:
+        raise CheckpointError(f"load_format 'gguf' needs exactly one .gguf file in {directory}, found {len(files)}")
+    return files[0]
+
+
+def load_hf_config(model_dir: Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError for bad configs
+        raise CheckpointError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
+
+
+def checkpoint_max_len(hf_config: Any) -> int:
+    """The checkpoint's position limit (max_position_embeddings, or n_positions for GPT-2)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(hf_config, name, None)
+        if value:
+            return int(value)
+    raise ValueError("config.json has neither max_position_embeddings nor n_positions")
+
+
+def resolve_max_model_len(hf_config: Any, requested: int | None) -> int:
+    limit = checkpoint_max_len(hf_config)
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise ValueError(f"max_model_len ({requested}) exceeds the checkpoint's limit of {limit} positions")
+    return requested
+
+
+@contextlib.contextmanager
+def _default_device_and_dtype(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Parameters are created where and as they will live (no fp32 copy on the host first)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)

@@ -1,0 +1,55 @@
+"""Paged attention as a layer: store this step's K/V in the pool, then attend.
+
+Legend: T = new tokens (all sequences, flattened), Hq/Hkv = query/KV heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine import ops
+from engine.attention_metadata import AttentionMetadata
+
+
+class PagedAttention(nn.Module):
+    """Causal attention of the new tokens over their sequence's cached K/V plus themselves.
+
+    Args:
+        num_heads: Hq.
+        num_kv_heads: Hkv (Hq must be a multiple: grouped-query attention).
+        head_dim: D.
+        scale: softmax scale (usually D ** -0.5).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """q [T, Hq*D] or [T, Hq, D]; k, v [T, Hkv*D] or [T, Hkv, D] -> [T, Hq*D].
+
+        NOTE: q, k, v may be views into a fused QKV output (last dim contiguous, row
+        stride (Hq + 2 Hkv) * D); the ops accept that layout.
+        """
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        ops.store_kv(k, v, kv_cache, meta.slot_mapping)
+        out = ops.paged_attention(q, kv_cache, meta, self.scale)  # [T, Hq, D]
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)

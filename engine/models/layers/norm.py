@@ -1,0 +1,42 @@
+"""Normalisation modules; the math lives in engine.ops (kernel or torch reference)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine import ops
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with an optional fused residual add.
+
+    `norm(x)` returns rms_norm(x); `norm(x, residual)` returns
+    (rms_norm(x + residual), x + residual), so a decoder layer carries the residual
+    stream without a separate add kernel.
+    """
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps)
+        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (GPT-2)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)

@@ -1,0 +1,197 @@
+"""Llama family: Llama 2/3/3.1/3.2, TinyLlama, SmolLM2 and Mistral (full attention).
+
+Legend: T = new tokens in the step (all sequences, flattened), S = sequences whose
+logits are wanted, H = hidden size, Hq/Hkv = query/KV heads, D = head dim,
+I = intermediate size, V = vocabulary, L = layers.
+
+Pre-norm decoder: x += attn(rmsnorm(x)); x += mlp(rmsnorm(x)); logits = head(rmsnorm(x)).
+The residual stream is carried beside the hidden state so each RMSNorm fuses the add
+before it. Qwen2 and Qwen3 reuse these classes (qwen2.py, qwen3.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.models.layers import (
+    GatedMLP,
+    Linear,
+    LMHead,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabEmbedding,
+    qkv_linear,
+)
+from engine.models.layers.rotary import rope_parameters
+from engine.models.loading import LLAMA_STACKED_PARAMS, load_named_weights
+
+
+def head_dim_of(config: Any) -> int:
+    """D: the config's head_dim when given (Qwen3, Mistral Nemo), else H / Hq."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def num_kv_heads_of(config: Any) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    """Fused QKV projection, rotary embedding, paged attention, output projection.
+
+    Args:
+        config: the transformers config.
+        rotary: the model's one RotaryEmbedding (shared by every layer: one cos/sin table).
+        qkv_bias: whether q/k/v projections have biases.
+        o_bias: whether the output projection has a bias.
+    """
+
+    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = num_kv_heads_of(config)
+        self.head_dim = head_dim_of(config)
+        self.qkv_proj = qkv_linear(config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, qkv_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, o_bias)
+        self.rotary_emb = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook before the rotation (Qwen3 normalises each head here); identity for Llama."""
+        return q, k
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k = self.normalize_qk(q, k)
+        self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))  # [T, Hq*D] -> [T, H]
+
+
+class LlamaDecoderLayer(nn.Module):
+    """x += attn(norm(x)); x += mlp(norm(x)), with the residual add fused into each norm."""
+
+    def __init__(self, config: Any, attention: nn.Module) -> None:
+        super().__init__()
+        self.self_attn = attention
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's output not yet added, residual stream before it), both [T, H]."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, L decoder layers, final norm.
+
+    Args:
+        config: the transformers config.
+        make_attention: builds one layer's attention from (config, shared rotary embedding).
+    """
+
+    def __init__(self, config: Any, make_attention: Any) -> None:
+        super().__init__()
+        theta, scaling = rope_parameters(config)
+        rotary = RotaryEmbedding(head_dim_of(config), config.max_position_embeddings, theta, scaling)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, make_attention(config, rotary)) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [T, H]
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """The model interface the ModelRunner uses (see engine/models/__init__.py).
+
+    Args:
+        config: a transformers LlamaConfig (or MistralConfig, Qwen2Config, Qwen3Config).
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden_act = getattr(config, "hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"hidden_act must be 'silu' for {type(self).__name__}, got {hidden_act!r}")
+        self.config = config
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.model = LlamaModel(config, self.make_attention)
+        tied_to = self.model.embed_tokens if self.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to)
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = num_kv_heads_of(config)
+        self.head_dim = head_dim_of(config)
+
+    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+        bias = bool(getattr(config, "attention_bias", False))
+        return LlamaAttention(config, rotary, qkv_bias=bias, o_bias=bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions [T] int64 -> final-normed hidden states [T, H]."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[S, H] -> [S, V] float32."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_named_weights(self, weights, stacked_params=LLAMA_STACKED_PARAMS, rename=self._rename)
+
+    def _rename(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        if "rotary_emb.inv_freq" in name:
+            return None  # older checkpoints saved the frequencies; we compute them
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None  # some tied checkpoints still carry a copy of the embedding
+        return name, tensor
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral is Llama with GQA; its sliding window is not applied (full attention).
+
+    NOTE: identical outputs while sequences stay within `sliding_window` tokens (4096 for
+    Mistral-7B-v0.1; v0.2+ checkpoints have none).
+    """

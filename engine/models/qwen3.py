@@ -1,0 +1,38 @@
+"""Qwen3: Llama with an RMSNorm over each query and key head before the rotation,
+and head_dim taken from the config (128 for every size, whatever H / Hq is).
+
+Legend: T = new tokens, Hq/Hkv = query/KV heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.models.layers import RMSNorm, RotaryEmbedding
+from engine.models.llama import LlamaAttention, LlamaForCausalLM
+
+
+class Qwen3Attention(LlamaAttention):
+    """LlamaAttention plus q_norm / k_norm: RMSNorm over D, weights [D] shared by all heads."""
+
+    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__(config, rotary, qkv_bias=qkv_bias, o_bias=o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens = q.shape[0]
+        q = self.q_norm(q.reshape(-1, self.head_dim)).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_norm(k.reshape(-1, self.head_dim)).view(num_tokens, self.num_kv_heads, self.head_dim)
+        return q, k  # contiguous copies: [T, Hq, D], [T, Hkv, D]
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Args: config: a transformers Qwen3Config."""
+
+    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+        bias = bool(getattr(config, "attention_bias", False))
+        return Qwen3Attention(config, rotary, qkv_bias=bias, o_bias=bias)

@@ -1,0 +1,39 @@
+"""Model classes by the checkpoint's `architectures[0]`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from engine.models.gpt2 import GPT2LMHeadModel
+from engine.models.llama import LlamaForCausalLM, MistralForCausalLM
+from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
+
+
+def resolve_model_class(hf_config: Any) -> type[nn.Module]:
+    """The class for `hf_config.architectures[0]`.
+
+    Raises:
+        ValueError: config.json names no architecture, or one inferq does not implement.
+    """
+    architectures = getattr(hf_config, "architectures", None) or []
+    if not architectures:
+        raise ValueError(f"config.json has no 'architectures'; supported: {supported_architectures()}")
+    name = architectures[0]
+    if name not in MODEL_REGISTRY:
+        raise ValueError(f"architecture {name!r} is not supported; supported: {supported_architectures()}")
+    return MODEL_REGISTRY[name]

@@ -1,0 +1,146 @@
+"""The one place where the engine chooses a Triton kernel or its torch reference.
+
+Model layers call these functions only. The choice is made per call from the
+tensor's device and one process-wide setting (`set_kernel_backend`, fed from
+`EngineConfig.kernels` by the ModelRunner):
+
+- "auto": Triton kernels on CUDA, torch references elsewhere (the default);
+- "torch": always the references (the parity baseline on any device);
+- "triton": always the kernels (on CPU only under TRITON_INTERPRET=1, for tests).
+
+NOTE: the setting is process-wide on purpose: one engine owns the process (one
+worker per GPU), and layers stay free of plumbing. Tests switch it with
+`kernel_backend(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from kernels.decode_attention import paged_decode_attention_ref
+from kernels.gelu_tanh import gelu_tanh_ref
+from kernels.kv_store import store_kv_ref
+from kernels.layer_norm import layer_norm_ref
+from kernels.prefill_attention import paged_prefill_attention_ref
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.rope import apply_rope_ref
+from kernels.silu_and_mul import silu_and_mul_ref
+
+_BACKENDS = ("auto", "torch", "triton")
+_backend = "auto"
+
+
+def set_kernel_backend(name: str) -> None:
+    global _backend
+    if name not in _BACKENDS:
+        raise ValueError(f"kernel backend must be one of {_BACKENDS}, got {name!r}")
+    _backend = name
+
+
+def get_kernel_backend() -> str:
+    return _backend
+
+
+@contextlib.contextmanager
+def kernel_backend(name: str) -> Iterator[None]:
+    previous = _backend
+    set_kernel_backend(name)
+    try:
+        yield
+    finally:
+        set_kernel_backend(previous)
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    if _backend == "torch":
+        return False
+    if _backend == "triton":
+        return True
+    return x.is_cuda
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from kernels.rms_norm import rms_norm as kernel
+
+        return kernel(x, weight, eps)
+    return rms_norm_ref(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual)."""
+    if use_triton(x):
+        from kernels.rms_norm import fused_add_rms_norm as kernel
+
+        return kernel(x, residual, weight, eps)
+    return fused_add_rms_norm_ref(x, residual, weight, eps)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from kernels.layer_norm import layer_norm as kernel
+
+        return kernel(x, weight, bias, eps)
+    return layer_norm_ref(x, weight, bias, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from kernels.silu_and_mul import silu_and_mul as kernel
+
+        return kernel(x)
+    return silu_and_mul_ref(x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from kernels.gelu_tanh import gelu_tanh as kernel
+
+        return kernel(x)
+    return gelu_tanh_ref(x)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place."""
+    if use_triton(q):
+        from kernels.rope import apply_rope as kernel
+
+        kernel(q, k, positions, cos_sin_cache)
+        return
+    apply_rope_ref(q, k, positions, cos_sin_cache)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Writes k, v [T, Hkv, D] into kv_cache [2, N, B, Hkv, D] at slot_mapping [T]."""
+    if use_triton(k):
+        from kernels.kv_store import store_kv as kernel
+
+        kernel(k, v, kv_cache[0], kv_cache[1], slot_mapping)
+        return
+    store_kv_ref(k, v, kv_cache[0], kv_cache[1], slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention of q [T, Hq, D] over the paged pool kv_cache [2, N, B, Hkv, D] -> [T, Hq, D]."""
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if meta.is_decode_only:
+        if use_triton(q):
+            from kernels.decode_attention import paged_decode_attention as kernel
+
+            return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
+        return paged_decode_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
+    if use_triton(q):
+        from kernels.prefill_attention import paged_prefill_attention as kernel
+
+        return kernel(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, scale
+        )
+    return paged_prefill_attention_ref(
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+    )

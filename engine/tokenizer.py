@@ -1,0 +1,70 @@
+"""The checkpoint's tokenizer, its end-of-sequence ids and its chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.weights.errors import CheckpointError
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The checkpoint directory's tokenizer (transformers AutoTokenizer, never online).
+
+    Raises:
+        CheckpointError: the directory has no usable tokenizer files.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError and others
+        raise CheckpointError(f"cannot load a tokenizer from {model_dir}: {exc}") from exc
+
+
+def load_generation_config(model_dir: str | Path) -> Any | None:
+    """The checkpoint's generation_config.json as a GenerationConfig, or None when absent."""
+    from transformers import GenerationConfig
+
+    if not (Path(model_dir) / "generation_config.json").is_file():
+        return None
+    try:
+        return GenerationConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as exc:  # a malformed file
+        raise CheckpointError(f"cannot read {Path(model_dir) / 'generation_config.json'}: {exc}") from exc
+
+
+def _ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value if v is not None}
+
+
+def eos_token_ids(hf_config: Any, generation_config: Any | None, tokenizer: Any) -> set[int]:
+    """Every id that ends generation: the union of config.json's, generation_config.json's
+    (Llama 3 Instruct lists <|eot_id|> only there) and the tokenizer's eos_token_id."""
+    ids = _ids(getattr(hf_config, "eos_token_id", None))
+    if generation_config is not None:
+        ids |= _ids(getattr(generation_config, "eos_token_id", None))
+    ids |= _ids(getattr(tokenizer, "eos_token_id", None))
+    return ids
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of `messages` rendered by the checkpoint's chat template, ending with the
+    assistant's turn opening (add_generation_prompt=True).
+
+    Raises:
+        ValueError: the checkpoint has no chat template (use the completions endpoint).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "this model's tokenizer has no chat template, so chat messages cannot be formatted; "
+            "send a plain prompt to /v1/completions instead"
+        )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding from older signatures
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

@@ -1,0 +1,262 @@
+"""Paged attention for decode: one query token per sequence over its whole context,
+split along the context (flash-decoding) when the batch is too small to fill the GPU.
+
+Legend: S = sequences, Hq/Hkv = query/KV heads, G = Hq // Hkv, D = head dim,
+N = blocks, B = block size, M = max blocks per sequence, P = context splits.
+
+Math: out[s] = softmax(q[s] k[s, :L]^T * scale) v[s, :L] with L = seq_lens[s],
+softmax in fp32. Precision contract: fp32 within 1e-4; fp16/bf16 within 2e-2.
+
+Kernels: `_decode_kernel` runs one program per (sequence, KV head, split): the G query
+heads of a KV group are the rows of one tile (padded to 16 for tl.dot), so each K/V
+tile is read from the pool once per group. Split p of P takes an equal share of
+the sequence's BLOCK_N key tiles (computed on the device from seq_lens, so the launch
+needs no host sync and is CUDA-graph safe). With P = 1 the program writes the output;
+otherwise it writes its normalized partial output and log-sum-exp, and
+`_combine_splits_kernel` (one program per (sequence, query head)) merges the P parts
+weighted by exp2(lse_p - max lse). P is chosen from the SM count: enough programs
+for about two per SM, one when S * Hkv already fills the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms
+from kernels._online_softmax import attend_tile
+from kernels.prefill_attention import check_paged_kv, load_kv_tile, paged_prefill_attention_ref
+
+MAX_SPLITS = 64
+INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
+PROGRAMS_PER_SM = 2
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [S, Hq, D]
+    k_cache_ptr,  # [N, B, Hkv, D]
+    v_cache_ptr,  # [N, B, Hkv, D]
+    block_tables_ptr,  # [S, M]
+    seq_lens_ptr,  # [S]
+    out_ptr,  # [S, Hq, D] contiguous (written when NUM_SPLITS == 1)
+    part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32 (written when NUM_SPLITS > 1)
+    part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
+    qk_scale,  # softmax scale * log2(e)
+    stride_qs,
+    stride_qh,
+    stride_kn,
+    stride_kb,
+    stride_kh,
+    stride_vn,
+    stride_vb,
+    stride_vh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # GROUP padded to a tl.dot row count
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+
+    g = tl.arange(0, BLOCK_G)
+    head = kv_head * GROUP + g  # [BLOCK_G]
+    g_mask = g < GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_rows = seq.to(tl.int64) * stride_qs + head * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = q.to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
+    for tile in range(tile_lo, tl.minimum(tile_hi, full_tiles)):
+        kpos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
+        offsets = kpos % PAGE_SIZE
+        k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
+                         HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+        v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
+                         HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
+    for tile in range(tl.maximum(tile_lo, full_tiles), tile_hi):  # the last, partial tile
+        kpos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_seq = kpos < seq_len
+        pages = tl.load(table + kpos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
+        offsets = kpos % PAGE_SIZE
+        k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, in_seq, stride_kn, stride_kb, stride_kh,
+                         HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
+        v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, in_seq, stride_vn, stride_vb, stride_vh,
+                         HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
+        acc, m_i, l_i = attend_tile(q, k, v, in_seq[None, :], acc, m_i, l_i, qk_scale, True, DOT_DTYPE,
+                                    DOT_PRECISION)  # fmt: skip
+
+    # NOTE: an empty split (short sequence, many splits) has l = 0: it writes output 0
+    # and lse -inf, which gives it weight 0 in the combine.
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    num_heads = GROUP * tl.num_programs(1)
+    if NUM_SPLITS == 1:
+        out_rows = (seq * num_heads + head).to(tl.int64) * HEAD_DIM
+        tl.store(out_ptr + out_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :])  # fmt: skip
+    else:
+        part = (seq * num_heads + head).to(tl.int64) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], out, mask=g_mask[:, None])
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=g_mask)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32
+    part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
+    out_ptr,  # [S, Hq, D] contiguous
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # sequence * Hq + query head
+    p = tl.arange(0, BLOCK_P)
+    p_mask = p < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + p, mask=p_mask, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights 0, not NaN
+    weight = tl.exp2(lse - lse_max)  # [BLOCK_P]
+    parts = tl.load(part_out_ptr + (row * NUM_SPLITS + p)[:, None] * BLOCK_D + d[None, :],
+                    mask=p_mask[:, None], other=0.0)  # fmt: skip
+    total = tl.sum(weight, axis=0)
+    out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM
+) -> int:
+    """Context splits per sequence: about programs_per_sm programs per SM, 1 when S * Hkv fills the GPU.
+
+    Two per SM measured best of 1 / 2 / 4 / 8 on an H100 (bf16, GQA 32/8, D = 128):
+    B = 1, L = 64k: 1879 / 2376 / 2095 GB/s at 17 / 33 / 64 splits; B = 16, L = 4k:
+    2413 / 2449 / 2343 / 2309 GB/s at 2 / 3 / 5 / 9 splits (`python -m bench.kernels --sweep`).
+    """
+    if device.type != "cuda":
+        return INTERPRETER_SPLITS
+    programs = num_seqs * num_kv_heads
+    target = programs_per_sm * num_sms(device)
+    return max(1, min(MAX_SPLITS, triton.cdiv(target, programs)))
+
+
+TILE_KEYS = ("BLOCK_N", "num_warps", "num_stages")
+
+
+def _tile_config(head_dim: int, dtype: torch.dtype, tiles: dict | None) -> dict:
+    """BLOCK_N keys per tile: 64 keys of 16-bit K and V (32 KB at D = 128) per pipeline stage.
+
+    On an H100 this is within 2.5% of the best of 7 tile shapes at every benchmark (B, L)
+    (`python -m bench.kernels --sweep`); the decode step is bandwidth-bound. Fewer keys for
+    fp32 and D = 256 (shared memory); 16 under the interpreter so that small test contexts
+    cross tile and split borders. `tiles` overrides any of TILE_KEYS.
+    """
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if interpreting():
+        config = dict(BLOCK_N=16, num_warps=4, num_stages=1)
+    elif dtype == torch.float32 or block_d > 128:
+        config = dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    else:
+        config = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    unknown = set(tiles or {}) - set(TILE_KEYS)
+    if unknown:
+        raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
+    return dict(config, **(tiles or {}), BLOCK_D=block_d)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    """Attention of one query per sequence q [S, Hq, D] over its paged K/V -> new tensor [S, Hq, D].
+
+    num_splits overrides the context split count (tests and benchmarks); None picks it
+    from the batch and the SM count. tiles overrides BLOCK_N, num_warps or num_stages.
+    """
+    check_device(_decode_kernel, "q, k_cache, v_cache, block_tables and seq_lens",
+                 q, k_cache, v_cache, block_tables, seq_lens)  # fmt: skip
+    check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = q.shape
+    if seq_lens.shape[0] != num_seqs:
+        raise ValueError(f"seq_lens must have one entry per query ({num_seqs}), got {seq_lens.shape[0]}")
+    num_kv_heads = k_cache.shape[2]
+    out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, q.device)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    group = num_heads // num_kv_heads
+    config = _tile_config(head_dim, q.dtype, tiles)
+    block_d = config["BLOCK_D"]
+    if num_splits > 1:
+        part_out = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # not read or written
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+        scale * math.log2(math.e),
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        HEAD_DIM=head_dim, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
+        DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        **config,
+    )  # fmt: skip
+    if num_splits > 1:
+        _combine_splits_kernel[(num_seqs * num_heads,)](
+            part_out, part_lse, out,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            BLOCK_P=triton.next_power_of_2(num_splits), num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [S, Hq, D] -> out [S, Hq, D]; decode is prefill with one query per sequence."""
+    query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)

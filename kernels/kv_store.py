@@ -1,0 +1,103 @@
+"""KV store: write each new token's K and V into its slot of the paged pool.
+
+Legend: T = new tokens, N = blocks, B = block size, H = KV heads, D = head dim.
+k, v: [T, H, D]; k_cache, v_cache: [N, B, H, D]; slot_mapping: [T] int64 with
+slot = block * B + offset, -1 meaning skip. Exact copy (no arithmetic; a cast
+when the pool's dtype differs from k's).
+
+Kernel: one program per token copies its H x D keys and values, BLOCK_H heads at
+a time; a token with slot -1 writes nothing. k and v may be strided views (cut out
+of a fused qkv projection); the pool may be any [N, B, H, D] view with a
+contiguous head dim (kv_cache[0] and kv_cache[1] of the [2, N, B, H, D] pool).
+NOTE: slots are not range-checked on the device (that would need a sync); the
+engine's block manager guarantees slot < N * B.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import check_device, check_float, check_index, check_last_dim_contiguous, warps_for
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr,  # [T, H, D]
+    v_ptr,  # [T, H, D]
+    k_cache_ptr,  # [N, B, H, D]
+    v_cache_ptr,  # [N, B, H, D]
+    slot_ptr,  # [T]
+    num_heads,
+    head_dim,
+    block_size,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cn,  # cache strides (block, offset, head), shared by k_cache and v_cache
+    stride_cb,
+    stride_ch,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    block, offset = slot // block_size, slot % block_size
+    keep = slot >= 0
+    d = tl.arange(0, BLOCK_D)
+    for h0 in range(0, num_heads, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        mask = keep & (h < num_heads)[:, None] & (d < head_dim)[None, :]
+        cache_off = block * stride_cn + offset * stride_cb + h[:, None] * stride_ch + d[None, :]
+        key = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+        tl.store(k_cache_ptr + cache_off, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        val = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+        tl.store(v_cache_ptr + cache_off, val.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Writes k, v [T, H, D] into k_cache, v_cache [N, B, H, D] at slot_mapping [T] (-1: skip)."""
+    check_device(_store_kv_kernel, "k, v, k_cache, v_cache and slot_mapping", k, v, k_cache, v_cache, slot_mapping)
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_float(name, t)
+        check_last_dim_contiguous(name, t)
+    check_index("slot_mapping", slot_mapping, 1)
+    if k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(f"k and v must both be [T, H, D], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError(
+            f"k_cache and v_cache must be [N, B, H, D] views of one layout, got {tuple(k_cache.shape)} "
+            f"{k_cache.stride()} and {tuple(v_cache.shape)} {v_cache.stride()}"
+        )
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    num_tokens, num_heads, head_dim = k.shape
+    if k_cache.shape[2:] != (num_heads, head_dim):
+        raise ValueError(f"cache heads/head dim {tuple(k_cache.shape[2:])} must match k's {(num_heads, head_dim)}")
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"slot_mapping must have {num_tokens} entries (one per token), got {slot_mapping.shape[0]}")
+    if num_tokens == 0:
+        return
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(num_heads), max(1, 4096 // block_d))
+    _store_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        num_heads, head_dim, k_cache.shape[1],
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=warps_for(block_h * block_d),
+    )  # fmt: skip
+
+
+def store_kv_ref(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    n, b = k_cache.shape[0], k_cache.shape[1]
+    k_cache.view(n * b, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(n * b, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)

@@ -1,0 +1,327 @@
+"""Paged attention for prefill and mixed batches: variable-length causal attention
+of each sequence's new tokens over its cached prefix plus themselves, with K/V read
+from the paged pool through block tables.
+
+Legend: T = new tokens (all sequences), S = sequences, Hq/Hkv = query/KV heads
+(GQA: query head h reads KV head h // (Hq // Hkv)), D = head dim, N = blocks,
+B = block size, M = max blocks per sequence.
+
+Math, for sequence s with L = seq_lens[s] and q_len new tokens starting at
+query_start_loc[s]: query i sits at position p = L - q_len + i and
+out = softmax(q k^T * scale, masked to keys 0..p) v, softmax in fp32.
+Precision contract: fp32 within 1e-4 of the reference; fp16/bf16 within 2e-2.
+
+Kernel (FlashAttention-2 over pages): one program per (query tile, KV head). A tile
+holds BLOCK_M rows = BLOCK_Q consecutive new tokens x the GROUP query heads that
+share the KV head, so each K/V tile is loaded once for the whole group. Programs
+find their sequence by binary search over query_start_loc: sequence s owns tiles
+query_start_loc[s] // BLOCK_Q + s onwards, so a grid of T // BLOCK_Q + S tiles
+covers every sequence without a host sync. (Running a sequence's heavy last tiles
+first measured 3-8% slower on an H100, so tiles run in order.) Keys are visited in BLOCK_N tiles whose
+rows are gathered through the block table (any block size); tiles wholly below the
+tile's first query position skip the causal mask, the last few apply it. Online
+softmax in fp32 with exp2 and log2(e) folded into the scale; no T x L matrix is
+ever stored. Head dims that are not a power of two are padded with masked lanes.
+NOTE: query_start_loc[0] must be 0 and block_tables must hold a valid block id for
+every position below seq_lens (the engine's metadata guarantees both).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import (
+    check_device,
+    check_float,
+    check_index,
+    check_last_dim_contiguous,
+    dot_dtype,
+    dot_precision,
+    interpreting,
+)
+from kernels._online_softmax import attend_tile
+
+MAX_HEAD_DIM = 256
+
+
+@triton.jit
+def load_kv_tile(
+    cache_ptr,  # [N, B, Hkv, D]
+    pages,  # [BLOCK_N] int64 block ids of the tile's keys
+    offsets,  # [BLOCK_N] offsets of the keys inside their blocks
+    kv_head,
+    key_mask,  # [BLOCK_N] bool, read only when MASK_KEYS
+    stride_n,
+    stride_b,
+    stride_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK_KEYS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """[BLOCK_N, BLOCK_D] keys or values of one KV head; masked keys and padded lanes read as 0."""
+    d = tl.arange(0, BLOCK_D)
+    ptrs = cache_ptr + (pages * stride_n + offsets * stride_b + kv_head * stride_h)[:, None] + d[None, :]
+    if MASK_KEYS:
+        tile = tl.load(ptrs, mask=key_mask[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    elif BLOCK_D != HEAD_DIM:
+        tile = tl.load(ptrs, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile.to(DOT_DTYPE)
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
+    """Largest s with query_start_loc[s] // BLOCK_Q + s <= tile_id (binary search)."""
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit(do_not_specialize=["num_seqs"])  # keeps the binary search's bound a run-time int, even when it is 1
+def _prefill_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_cache_ptr,  # [N, B, Hkv, D]
+    v_cache_ptr,  # [N, B, Hkv, D]
+    out_ptr,  # [T, Hq, D] contiguous
+    block_tables_ptr,  # [S, M]
+    seq_lens_ptr,  # [S]
+    query_start_loc_ptr,  # [S + 1]
+    num_seqs,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kn,
+    stride_kb,
+    stride_kh,
+    stride_vn,
+    stride_vb,
+    stride_vh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_Q: tl.constexpr,  # new tokens per tile; BLOCK_Q * GROUP <= BLOCK_M
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    tile = tile_id - (q_start // BLOCK_Q + seq)
+    if tile * BLOCK_Q >= q_len:
+        return  # the spare tile of a sequence, or a sequence with no new tokens
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len  # cached prefix
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = tile * BLOCK_Q + rows // GROUP  # [BLOCK_M] new-token index inside the sequence
+    head = kv_head * GROUP + rows % GROUP  # [BLOCK_M] query head
+    row_mask = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    # NOTE: padding rows take the position of the tile's last token so that they see
+    # key 0 like every row and stay finite; they are never stored.
+    q_pos = context_len + tl.minimum(tok, q_len - 1)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64) * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q = q.to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    first_pos = context_len + tile * BLOCK_Q
+    last_pos = context_len + tl.minimum((tile + 1) * BLOCK_Q, q_len) - 1
+    unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys [0, unmasked_end) are visible to every row
+
+    for start in range(0, unmasked_end, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
+        offsets = kpos % PAGE_SIZE
+        k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
+                          HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+        v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
+                          HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
+
+    for start in range(unmasked_end, last_pos + 1, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        in_seq = kpos < seq_len
+        pages = tl.load(table + kpos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
+        offsets = kpos % PAGE_SIZE
+        k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, in_seq, stride_kn, stride_kb, stride_kh,
+                          HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
+        v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, in_seq, stride_vn, stride_vb, stride_vh,
+                          HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
+        visible = kpos[None, :] <= q_pos[:, None]
+        acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, DOT_DTYPE, DOT_PRECISION)
+
+    out = acc / l_i[:, None]
+    out_rows = (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + out_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & d_mask[None, :])  # fmt: skip
+
+
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int, tiles: dict | None) -> dict:
+    """Tile sizes, warps and pipeline depth for a head dim, dtype and query length (`tiles` overrides them).
+
+    16-bit, D <= 128: BLOCK_M = 128 query rows; keys in tiles of 32 with 4 warps and 4
+    stages for queries up to 4k, of 128 with 8 warps and 3 stages beyond (H100, bf16,
+    GQA 32/8, D = 128, `python -m bench.kernels --sweep`: 273 / 355 / 382 TFLOP/s at
+    S = 1k / 4k / 16k for the first, 236 / 358 / 404 for the second, 233 / 316 / 360
+    for 64-key tiles). D = 256 and fp32 halve the tiles to fit shared memory. The
+    interpreter gets small tiles so that small test shapes still cross tile borders.
+    """
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if interpreting():
+        block_m, block_n, warps, stages = 32, 16, 4, 1
+    elif dtype == torch.float32 or block_d > 128:
+        block_m, block_n, warps, stages = 64, 32, 8 if block_d > 128 else 4, 2
+    elif max_query_len < 4096:
+        block_m, block_n, warps, stages = 128, 32, 4, 4
+    else:
+        block_m, block_n, warps, stages = 128, 128, 8, 3
+    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    unknown = set(tiles or {}) - set(TILE_KEYS)
+    if unknown:
+        raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
+    config.update(tiles or {})
+    config["BLOCK_M"] = max(config["BLOCK_M"], triton.next_power_of_2(group))
+    return dict(config, BLOCK_D=block_d, BLOCK_Q=config["BLOCK_M"] // group)
+
+
+def check_paged_kv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                   seq_lens: torch.Tensor) -> None:  # fmt: skip
+    """Checks shared by the prefill and decode launchers."""
+    check_float("q", q)
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, Hq, D], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must both be [N, B, Hkv, D], got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")  # fmt: skip
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"head dim of the KV cache ({k_cache.shape[3]}) must match q's ({head_dim})")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be at most {MAX_HEAD_DIM}, got {head_dim}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    check_index("block_tables", block_tables, 2)
+    check_index("seq_lens", seq_lens, 1)
+    if block_tables.shape[0] != seq_lens.shape[0]:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {seq_lens.shape[0]} sequences")
+    if block_tables.shape[1] > 0 and block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be contiguous along its last dim")
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    *,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] over the paged K/V of each sequence -> new tensor [T, Hq, D].
+
+    max_query_len picks the tile shape (the grid is sized from T, so an understated
+    value costs speed, never correctness). tiles overrides BLOCK_M, BLOCK_N, num_warps or num_stages (benchmark sweeps).
+    """
+    check_device(_prefill_kernel, "q, k_cache, v_cache, block_tables, seq_lens and query_start_loc",
+                 q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)  # fmt: skip
+    check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    check_index("query_start_loc", query_start_loc, 1)
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_seqs + 1:
+        raise ValueError(f"query_start_loc must have {num_seqs + 1} entries (S + 1), got {query_start_loc.shape[0]}")
+    if max_query_len < 0:
+        raise ValueError(f"max_query_len must be >= 0, got {max_query_len}")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    config = _tile_config(head_dim, q.dtype, group, max_query_len, tiles)
+    grid = (num_tokens // config["BLOCK_Q"] + num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        num_seqs, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        HEAD_DIM=head_dim, GROUP=group, PAGE_SIZE=k_cache.shape[1],
+        DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        **config,
+    )  # fmt: skip
+    return out
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D] -> out [T, Hq, D]. Loops over sequences (the reference, not the fast path)."""
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for s, seq_len in enumerate(lens):
+        q_start, q_end = starts[s], starts[s + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        num_blocks = (seq_len + block_size - 1) // block_size
+        blocks = block_tables[s, :num_blocks].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[-1])[:seq_len].float()  # [L, Hkv, D]
+        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[-1])[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = v.repeat_interleave(group, dim=1)
+        qs = q[q_start:q_end].float()  # [q_len, Hq, D]
+        scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [Hq, q_len, L]
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out

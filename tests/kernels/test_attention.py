@@ -1,0 +1,173 @@
+"""Paged prefill and decode attention kernels against their torch references.
+
+K/V sit in a pool with shuffled block ids and NaN in every slot no sequence owns
+(see PagedBatch in conftest.py), so reading past a sequence or through a wrong
+block id fails the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
+from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+
+ON_GPU = torch.cuda.is_available()
+
+
+def _case_id(case) -> str:
+    """Short test id: lengths summarized when long, then heads, head dim and block size."""
+    parts = []
+    for item in case:
+        if isinstance(item, list):
+            parts.append("x".join(map(str, item)) if len(item) <= 6 else f"{len(item)}seqs-max{max(item)}")
+        else:
+            parts.append(str(item))
+    return "-".join(parts)
+
+
+DTYPES = [
+    pytest.param(torch.float32, dict(atol=1e-4, rtol=1e-4), id="fp32"),
+    pytest.param(torch.float16, dict(atol=2e-2, rtol=2e-2), id="fp16"),
+    pytest.param(torch.bfloat16, dict(atol=2e-2, rtol=2e-2), id="bf16"),
+]
+
+# (query_lens, context_lens, Hq, Hkv, D, block size): single tokens, lengths off the
+# tile sizes, empty and long prefixes, a sequence with no new tokens, GQA 1/4/7/8,
+# head dims 64/80/96/128/256, block sizes below and above the key tile.
+PREFILL_CASES = [
+    ([1], [0], 4, 1, 64, 16),
+    ([5, 1, 17], [0, 0, 0], 8, 1, 64, 16),
+    ([13], [70], 4, 4, 128, 16),
+    ([3, 0, 33, 1], [30, 5, 7, 0], 8, 2, 80, 16),
+    ([20, 7], [0, 9], 2, 2, 96, 8),
+    ([9], [20], 8, 1, 256, 16),
+    ([11, 4], [5, 0], 14, 2, 64, 32),
+    ([2, 6, 1, 3, 9, 1], [0, 3, 40, 0, 17, 2], 4, 1, 64, 16),
+]
+if ON_GPU:
+    PREFILL_CASES += [
+        ([1000, 1, 77, 513], [0, 100, 3000, 0], 32, 8, 128, 16),
+        ([4096], [0], 32, 8, 128, 16),
+        ([100], [8000], 32, 4, 128, 16),
+        ([700, 300], [0, 1234], 16, 2, 256, 16),
+        ([555, 129], [64, 0], 8, 8, 80, 16),
+        ([300, 45], [17, 1000], 32, 32, 96, 32),
+        ([257] * 3, [0, 1, 2], 32, 4, 64, 16),
+        ([int(n) for n in torch.randint(1, 300, (64,), generator=torch.Generator().manual_seed(0))],
+         [int(n) for n in torch.randint(0, 600, (64,), generator=torch.Generator().manual_seed(1))], 28, 4, 128, 16),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=_case_id)
+def test_prefill_attention_matches_reference(case, dtype, tol, paged_batch, poison_allocator):
+    query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size = case
+    batch = paged_batch(query_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    poison_allocator(batch.q.shape, dtype, batch.q.device)
+    out = paged_prefill_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                  batch.query_start_loc, max(query_lens), scale)  # fmt: skip
+    ref = paged_prefill_attention_ref(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                      batch.query_start_loc, scale)  # fmt: skip
+    torch.testing.assert_close(out, ref, **tol)
+
+
+def test_prefill_attention_reads_q_through_strides(paged_batch):
+    """q cut out of a fused qkv projection: rows (Hq + 2 Hkv) * D apart."""
+    batch = paged_batch([6, 3], [4, 0], 4, 2, 64, 16, torch.float32)
+    qkv = torch.randn(9, (4 + 4) * 64, device=batch.q.device)
+    q = qkv[:, : 4 * 64].view(9, 4, 64)
+    args = (batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc)
+    out = paged_prefill_attention(q, *args, 6, 0.125)
+    torch.testing.assert_close(out, paged_prefill_attention_ref(q, *args, 0.125), atol=1e-4, rtol=1e-4)
+
+
+# (context_lens, Hq, Hkv, D, block size): seq_len = context + 1
+DECODE_CASES = [
+    ([0], 4, 1, 64, 16),
+    ([0, 9, 20, 47], 8, 1, 64, 16),
+    ([140], 8, 2, 80, 16),
+    ([3, 0, 33], 2, 2, 96, 8),
+    ([5, 60], 2, 2, 256, 16),
+    ([31, 16, 15, 64, 1], 14, 2, 128, 32),
+]
+if ON_GPU:
+    DECODE_CASES += [
+        ([4095], 32, 8, 128, 16),
+        ([65535], 32, 8, 128, 16),
+        ([4095] * 16, 32, 8, 128, 16),
+        ([int(n) for n in torch.randint(0, 2048, (64,), generator=torch.Generator().manual_seed(2))], 32, 8, 128, 16),
+        ([1023] * 256, 32, 8, 128, 16),
+        ([999, 5000, 17], 16, 16, 64, 16),
+        ([3000, 1], 32, 4, 80, 16),
+        ([2500, 77], 8, 1, 96, 32),
+        ([1500, 300], 16, 2, 256, 16),
+    ]
+# (dtype, tolerance, num_splits): None = the launcher's choice (3 on the interpreter)
+FP32, FP16, BF16 = (p.values for p in DTYPES)
+DECODE_RUNS = [
+    pytest.param(*FP32, None, id="fp32-auto_splits"),
+    pytest.param(*FP32, 1, id="fp32-1_split"),
+    pytest.param(*FP32, 7, id="fp32-7_splits"),
+    pytest.param(*FP16, 1, id="fp16-1_split"),
+    pytest.param(*BF16, None, id="bf16-auto_splits"),
+]
+
+
+@pytest.mark.parametrize("dtype,tol,num_splits", DECODE_RUNS)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=_case_id)
+def test_decode_attention_matches_reference(case, dtype, tol, num_splits, paged_batch, poison_allocator):
+    context_lens, num_heads, num_kv_heads, head_dim, block_size = case
+    batch = paged_batch([1] * len(context_lens), context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    poison_allocator(batch.q.shape, dtype, batch.q.device)
+    out = paged_decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale,
+                                 num_splits=num_splits)  # fmt: skip
+    ref = paged_decode_attention_ref(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale)
+    torch.testing.assert_close(out, ref, **tol)
+
+
+def test_split_count_fills_the_gpu_and_stays_static(device):
+    if device.type != "cuda":
+        assert choose_num_splits(1, 8, device) == 3
+        return
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    assert choose_num_splits(1, 8, device) * 8 >= sms  # B=1: the context is split to fill the SMs
+    assert choose_num_splits(256, 8, device) == 1  # a large batch needs no split
+
+
+def _dense_attention_float64(q, k, v, scale):
+    """Naive causal attention in float64 for one sequence: q [Q, H, D], k/v [L, H, D], queries at the end."""
+    q_len, seq_len = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+    visible = torch.arange(seq_len)[None, :] <= torch.arange(seq_len - q_len, seq_len)[:, None]
+    scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double())
+
+
+def test_prefill_reference_matches_float64_dense_attention(paged_batch):
+    batch = paged_batch([5, 3], [4, 0], 4, 2, 32, 4, torch.float32)
+    out = paged_prefill_attention_ref(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                      batch.query_start_loc, 0.3)  # fmt: skip
+    for s, (q_len, seq_len) in enumerate(zip(batch.query_lens_cpu, batch.seq_lens_cpu)):
+        start = int(batch.query_start_loc[s])
+        pos = torch.arange(seq_len, device=batch.q.device)
+        blocks = batch.block_tables[s, pos // 4].long()
+        k = batch.k_cache[blocks, pos % 4].repeat_interleave(2, dim=1)  # [L, Hq, D]
+        v = batch.v_cache[blocks, pos % 4].repeat_interleave(2, dim=1)
+        expected = _dense_attention_float64(batch.q[start : start + q_len], k, v, 0.3)
+        torch.testing.assert_close(out[start : start + q_len].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_rejects_what_it_does_not_support(paged_batch):
+    batch = paged_batch([3], [0], 6, 4, 64, 16, torch.float32)  # 6 query heads over 4 KV heads
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        paged_decode_attention(batch.q[:1], batch.k_cache, batch.v_cache, batch.block_tables[:1],
+                               batch.seq_lens[:1], 0.1)  # fmt: skip
+    with pytest.raises(ValueError, match="share a dtype"):
+        paged_prefill_attention(batch.q.half(), batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                batch.query_start_loc, 3, 0.1)  # fmt: skip
