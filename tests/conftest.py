@@ -22,3 +22,53 @@ from kernels.interpreter import use_cpu_interpreter  # noqa: E402
 if not torch.cuda.is_available():
     use_cpu_interpreter()
 torch.set_num_threads(1)
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.engine.checkpoints import ARCHITECTURES, build_tiny_checkpoint  # noqa: E402
+from tests.redis_server import make_redis_fixture  # noqa: E402
+
+# One private redis-server (AOF on) per session; tests keep apart by key prefix and never
+# touch a Redis they did not start.
+redis_server = make_redis_fixture(scope="session", appendonly=True)
+
+# ---- checkpoints shared by every altitude (built once per session) --------------------------
+
+
+@pytest.fixture(scope="session")
+def inferq_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's private cache of converted GGUF checkpoints (pass as cache_dir)."""
+    return tmp_path_factory.mktemp("inferq-cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(inferq_cache_dir: Path) -> Path:
+    """The packaged SmolLM2-135M-Instruct GGUF converted to a checkpoint directory."""
+    from engine.weights.default_model import default_gguf_path
+    from engine.weights.gguf import convert_gguf
+
+    return convert_gguf(default_gguf_path(), inferq_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Callable[[str], Path]:
+    """kind -> directory of the tiny `kind` checkpoint (see checkpoints.ARCHITECTURES), built on first use."""
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            if kind not in ARCHITECTURES:
+                raise ValueError(f"unknown tiny architecture {kind!r}; known: {ARCHITECTURES}")
+            built[kind] = build_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"tiny-{kind}"), smollm2_dir)
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tiny_checkpoint: Callable[[str], Path]) -> Path:
+    """The tiny untied Llama checkpoint, the default model of engine tests."""
+    return tiny_checkpoint("llama")

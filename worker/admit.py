@@ -1,0 +1,228 @@
+"""Admission: turning delivered messages into engine requests, or into dead letters.
+
+Every message ends in exactly one of these ways:
+- admitted: tokenized, resumed from its result stream if it has one, added to the engine;
+- already complete (its result stream holds the terminal events): acknowledged only;
+- cancelled before it started: "done"/"abort" events, acknowledged;
+- deadline passed before it started: an error event, acknowledged;
+- rejected (malformed, poison, or the engine refuses it with ValueError): an error event to the
+  client when it has a valid id, a dead letter naming the reason, acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from worker.intake import Delivery
+from worker.job import Job
+from worker.protocol import (
+    MAX_RESULT_STREAM_CHARS,
+    Keys,
+    ProtocolError,
+    RequestMessage,
+    decode_request,
+    encode_dead_letter,
+    request_id_of,
+)
+from worker.publisher import Batch, EventWrite
+from worker.resume import PriorOutput, fetch_priors
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    """The outcome of admitting a set of deliveries."""
+
+    jobs: list[Job] = field(default_factory=list)
+    batch: Batch = field(default_factory=Batch)
+    num_dead_letters: int = 0
+    num_rejected: int = 0
+
+
+@dataclass
+class _Candidate:
+    delivery: Delivery
+    request_id: str | None
+    result_stream: str | None
+    message: RequestMessage | None = None
+    reason: str | None = None  # set: reject this one
+
+
+def _num_choices(message: RequestMessage) -> int:
+    n = message.params.get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
+class Admitter:
+    """Args:
+    engine: the LLMEngine (tokenizer, add_request).
+    client: Redis client (reads result streams and cancel keys).
+    keys: key names.
+    consumer: this worker's consumer name (marks its events).
+    max_deliveries: a message delivered more often than this is poison.
+    """
+
+    def __init__(self, engine, client: redis.Redis, keys: Keys, consumer: str, max_deliveries: int) -> None:
+        self.engine = engine
+        self.client = client
+        self.keys = keys
+        self.consumer = consumer
+        self.max_deliveries = max_deliveries
+
+    def admit(self, deliveries: list[Delivery], active_request_ids: set[str]) -> Admission:
+        """Admit deliveries; Redis reads happen here, writes go into the returned batch.
+
+        # NOTE: every Redis read comes before the engine is touched, so when a read fails (Redis
+        # down) nothing has changed and the same deliveries can be admitted again later.
+        """
+        out = Admission()
+        candidates = []
+        for delivery in deliveries:
+            if delivery.fields is None:  # deleted from the stream while pending: nothing to do
+                out.batch.acks.append(delivery.message_id)
+                continue
+            candidates.append(self._parse(delivery))
+        with_stream = [c for c in candidates if c.result_stream is not None]
+        priors = dict(zip(map(id, with_stream), fetch_priors(self.client, [c.result_stream for c in with_stream])))
+        valid = [c for c in candidates if c.reason is None]
+        cancelled = self._cancelled({c.request_id for c in valid})
+        active = set(active_request_ids)  # grows as this batch is admitted: one id, one job
+        for candidate in candidates:
+            prior = priors.get(id(candidate), PriorOutput())
+            if candidate.message is not None and prior.is_complete(_num_choices(candidate.message)):
+                out.batch.acks.append(candidate.delivery.message_id)  # finished by a worker that died before XACK
+                continue
+            if candidate.reason is not None:
+                self._reject(out, candidate, prior, candidate.reason)
+                continue
+            self._admit_one(out, candidate, prior, candidate.request_id in cancelled, active)
+        return out
+
+    def _parse(self, delivery: Delivery) -> _Candidate:
+        fields = delivery.fields
+        request_id = request_id_of(fields)
+        stream = None
+        if request_id is not None:
+            raw_stream = fields.get(b"result_stream", fields.get("result_stream"))
+            raw_stream = raw_stream.decode(errors="replace") if isinstance(raw_stream, bytes) else raw_stream
+            ok = isinstance(raw_stream, str) and 0 < len(raw_stream) <= MAX_RESULT_STREAM_CHARS
+            stream = raw_stream if ok else self.keys.result(request_id)
+        candidate = _Candidate(delivery, request_id, stream)
+        try:
+            candidate.message = decode_request(fields)
+        except ProtocolError as exc:
+            candidate.reason = f"invalid message: {exc}"
+        except Exception as exc:  # never let one message take the worker down
+            logger.exception("cannot parse message %s", delivery.message_id)
+            candidate.reason = f"invalid message: {type(exc).__name__}: {exc}"
+        if delivery.delivery_count > self.max_deliveries:
+            candidate.reason = (
+                f"poison: delivered {delivery.delivery_count} times (max_deliveries is {self.max_deliveries})"
+            )
+        return candidate
+
+    def _cancelled(self, request_ids: set[str]) -> set[str]:
+        ids = sorted(request_ids)
+        if not ids:
+            return set()
+        values = self.client.mget([self.keys.cancel(i) for i in ids])
+        return {i for i, value in zip(ids, values, strict=True) if value is not None}
+
+    def _admit_one(
+        self, out: Admission, candidate: _Candidate, prior: PriorOutput, cancelled: bool, active: set[str]
+    ) -> None:
+        message = candidate.message
+        delivery = candidate.delivery
+        n = _num_choices(message)
+        if message.id in active:
+            # Two messages with one id: the second must not touch the first's result stream.
+            out.batch.dead_letters.append(
+                encode_dead_letter(
+                    message.id, "duplicate: a request with this id is running", delivery.message_id, delivery.fields
+                )
+            )
+            out.batch.acks.append(delivery.message_id)
+            out.num_dead_letters += 1
+            return
+        job = Job(
+            request_id=message.id,
+            message_id=delivery.message_id,
+            result_stream=candidate.result_stream,
+            events_channel=self.keys.events(message.id),
+            n=n,
+            num_prompt_tokens=0,
+            next_seq=prior.next_seq,
+            deadline=message.deadline,
+            started=prior.has_output,
+            skip_indices=set(prior.done_indices),
+            completion_tokens={i: len(t) for i, t in prior.token_ids.items()},
+        )
+        if cancelled:
+            for index in sorted(set(range(n)) - job.skip_indices):
+                self._emit(out.batch, job, job.done_event(index, "abort", None, self.consumer))
+            out.batch.acks.append(delivery.message_id)
+            return
+        if message.deadline is not None and not prior.has_output and time.time() > message.deadline:
+            late = time.time() - message.deadline
+            self._emit(
+                out.batch,
+                job,
+                job.error_event(f"deadline passed {late:.3f}s before the request started", self.consumer),
+            )
+            out.batch.acks.append(delivery.message_id)
+            out.num_rejected += 1
+            return
+        try:
+            prompt_ids = self._prompt_token_ids(message)
+            job.num_prompt_tokens = len(prompt_ids)
+            from engine.sampling_params import SamplingParams
+
+            params = SamplingParams(**message.params)
+            self.engine.add_request(
+                message.id, prompt_ids, params, priority=message.priority, prior_output_token_ids=prior.engine_prior(n)
+            )
+        except (ValueError, TypeError) as exc:
+            self._reject(out, candidate, prior, f"rejected by the engine: {exc}")
+            return
+        except Exception as exc:  # a template or tokenizer failure is this message's problem, not the worker's
+            logger.exception("admitting %s failed", message.id)
+            self._reject(out, candidate, prior, f"cannot prepare the request: {type(exc).__name__}: {exc}")
+            return
+        out.jobs.append(job)
+        active.add(message.id)
+
+    def _prompt_token_ids(self, message: RequestMessage) -> list[int]:
+        if message.prompt_token_ids is not None:
+            return list(message.prompt_token_ids)
+        if message.messages is not None:
+            return list(self.engine.apply_chat_template(message.messages))
+        return list(self.engine.encode(message.prompt))
+
+    def _reject(self, out: Admission, candidate: _Candidate, prior: PriorOutput, reason: str) -> None:
+        delivery = candidate.delivery
+        logger.warning("dead letter %s (%s): %s", candidate.request_id, delivery.message_id, reason)
+        if candidate.request_id is not None and not prior.errored:
+            job = Job(
+                request_id=candidate.request_id,
+                message_id=delivery.message_id,
+                result_stream=candidate.result_stream,
+                events_channel=self.keys.events(candidate.request_id),
+                n=1,
+                num_prompt_tokens=0,
+                next_seq=prior.next_seq,
+            )
+            self._emit(out.batch, job, job.error_event(reason, self.consumer))
+        out.batch.dead_letters.append(
+            encode_dead_letter(candidate.request_id, reason, delivery.message_id, delivery.fields)
+        )
+        out.batch.acks.append(delivery.message_id)
+        out.num_dead_letters += 1
+
+    @staticmethod
+    def _emit(batch: Batch, job: Job, event) -> None:
+        batch.events.append(EventWrite(job.request_id, job.result_stream, job.events_channel, event))

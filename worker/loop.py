@@ -1,0 +1,395 @@
+"""The worker: one engine, stepped continuously, with Redis at its edges.
+
+Each iteration of `Worker.run`:
+1. drop requests another worker took over (reported by the lease and publisher threads);
+2. intake: read messages while there are sequence slots and KV room; the first arrival opens the
+   batch window, and what arrives inside it is admitted together (see window.py);
+3. one MGET of the running requests' cancel keys; drop not-yet-started requests past deadline;
+4. one engine step; its outputs become events handed to the publisher thread (no Redis wait).
+
+Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
+keeps stepping, the publisher keeps the events until Redis is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import redis
+
+from worker.admit import Admitter
+from worker.cancel import cancelled_ids
+from worker.heartbeat import Heartbeat, publish_model_info
+from worker.held import HeldMessages
+from worker.intake import Intake
+from worker.job import Job
+from worker.lease import LeaseKeeper
+from worker.metrics import WorkerMetrics
+from worker.outputs import abort_events, events_for_outputs, write
+from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name
+from worker.publisher import Batch, Publisher
+from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
+from worker.settings import WorkerSettings
+from worker.window import BatchWindow
+
+logger = logging.getLogger(__name__)
+
+STEP_LOG_SIZE = 4096
+PUBLISHER_CLOSE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class StepLog:
+    """What one engine step did, kept for tests and debugging (the last STEP_LOG_SIZE steps)."""
+
+    step: int
+    time: float
+    scheduled: dict[str, int]  # internal request id -> new tokens
+    new_request_ids: list[str]  # first scheduled (prefill started) in this step
+    num_free_kv_tokens: int
+    running_request_ids: list[str]
+
+
+def _parent_id(internal_id: str) -> str:
+    return internal_id.split("#", 1)[0]  # the engine runs n > 1 choices as "{id}#{index}"
+
+
+class Worker:
+    """Args:
+    settings: worker settings.
+    engine: an LLMEngine to use (tests share one); built from the settings when None.
+    """
+
+    def __init__(self, settings: WorkerSettings, engine=None) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.consumer = settings.consumer or make_consumer_name()
+        if engine is None:
+            from engine import LLMEngine
+
+            engine = LLMEngine(settings.engine_config())
+        self.engine = engine
+        self.client = make_client(settings.redis_url, socket_timeout=max(5.0, 2 * settings.idle_block_ms / 1000))
+        self.metrics = WorkerMetrics()
+        self.held = HeldMessages()
+        self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
+        self.admitter = Admitter(self.engine, self.client, self.keys, self.consumer, settings.max_deliveries)
+        self.publisher = Publisher(
+            self.client,
+            self.keys,
+            self.consumer,
+            settings.result_ttl_s,
+            on_lost=self.held.report_lost_request,
+            on_written=self._count_written,
+        )
+        self.lease = LeaseKeeper(
+            self.client,
+            self.keys,
+            self.consumer,
+            settings.lease_ms,
+            held=self.held.snapshot,
+            on_lost=self.held.report_lost_messages,
+            on_renewed=self.metrics.lease_renewals.inc,
+        )
+        self.heartbeat = Heartbeat(
+            self.client,
+            self.keys,
+            lambda: self._snapshot,
+            settings.heartbeat_interval_s,
+            settings.heartbeat_ttl_s,
+            self.metrics,
+            trim=self.intake.trim_acknowledged if settings.trim_requests else None,
+        )
+        self.jobs: dict[str, Job] = {}  # request id -> job in the engine
+        self.window = BatchWindow(settings.batch_window_ms)
+        self.step_log: deque[StepLog] = deque(maxlen=STEP_LOG_SIZE)
+        self.started = time.time()
+        self.ready = threading.Event()  # set when the loop starts reading
+        self.redis_backoff = Backoff()
+        self._stop = threading.Event()
+        self._drain_deadline: float | None = None
+        self._need_own_pending = True
+        self._next_claim_at = 0.0
+        self._last_stats = self.engine.stats()
+        self._snapshot = self._make_snapshot()
+
+    # ---- control ---------------------------------------------------------------------------------
+    def request_stop(self, *, force: bool = False) -> None:
+        """Stop reading; finish running requests within shutdown_grace_s (force: at once), hand off the rest."""
+        if force:
+            self._drain_deadline = time.monotonic()
+        self._stop.set()
+
+    @property
+    def is_draining(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        self._start()
+        try:
+            while True:
+                if self.is_draining and not self._drain_step():
+                    break
+                self._iteration()
+        finally:
+            self._shutdown()
+
+    # ---- start and stop ----------------------------------------------------------------------------
+    def _start(self) -> None:
+        self.metrics.serve(self.settings.metrics_port)
+        info = ModelInfo(
+            model=self.settings.model_name,
+            max_model_len=self.engine.max_model_len,
+            vocab_size=self.engine.vocab_size,
+            eos_token_ids=sorted(self.engine.eos_token_ids),
+        )
+        while not self._stop.is_set():
+            try:
+                self.intake.ensure_group()
+                publish_model_info(self.client, self.keys, info)
+                break
+            except CONNECTION_ERRORS as exc:
+                logger.warning("Redis at %s unavailable (%s); retrying", self.settings.redis_url, exc)
+                time.sleep(self.redis_backoff.failure())
+        self.redis_backoff.success()
+        self.publisher.start()
+        self.lease.start()
+        self.heartbeat.start()
+        logger.info("worker %s serving %s from %s", self.consumer, self.settings.model_name, self.keys.requests)
+        self.ready.set()
+
+    def _drain_step(self) -> bool:
+        """During shutdown: hand off what has not started; False once nothing is left or grace is over."""
+        now = time.monotonic()
+        if self._drain_deadline is None:
+            self._drain_deadline = now + self.settings.shutdown_grace_s
+            logger.info("stopping: finishing running requests for up to %.1fs", self.settings.shutdown_grace_s)
+        self._hand_off(lambda job: not job.started or now >= self._drain_deadline)
+        return bool(self.jobs)
+
+    def _hand_off(self, which) -> None:
+        """Give messages back to the group at once: they look idle, so a live worker claims them now
+        and resumes them from their result streams."""
+        batch = Batch(handoffs=[d.message_id for d in self.window.take()])
+        for job in [job for job in self.jobs.values() if which(job)]:
+            self.engine.abort_request(job.request_id)
+            del self.jobs[job.request_id]
+            batch.handoffs.append(job.message_id)
+        if not batch.handoffs:
+            return
+        with self.lease.renew_lock:  # no renewal may land after the hand-off
+            self.held.release(batch.handoffs)
+        logger.info("handing off %d message(s)", len(batch.handoffs))
+        self.publisher.submit(batch)
+
+    def _shutdown(self) -> None:
+        self._hand_off(lambda job: True)
+        self.lease.stop()
+        if not self.publisher.close(PUBLISHER_CLOSE_TIMEOUT_S):
+            logger.error("exiting with %d unwritten batch(es); they resume elsewhere", self.publisher.num_pending)
+        self.heartbeat.stop()
+        self.client.close()
+        logger.info("worker %s stopped", self.consumer)
+
+    # ---- one iteration -----------------------------------------------------------------------------
+    def _iteration(self) -> None:
+        self._drop_lost()
+        if not self.is_draining:
+            self._intake()
+        if self.jobs and self._redis_usable():
+            self._redis_call(self._check_cancels)
+        self._drop_late()
+        if self.engine.has_unfinished_requests():
+            self._step()
+        elif self.redis_backoff.is_failing:
+            time.sleep(0.02)  # idle while Redis is away: do not spin
+
+    def _redis_usable(self) -> bool:
+        return not self.redis_backoff.is_failing or self.redis_backoff.may_retry
+
+    def _redis_call(self, fn) -> None:
+        """Run fn (which returns whether it reached Redis); on connection errors, back off."""
+        try:
+            reached = fn()
+        except CONNECTION_ERRORS as exc:
+            self.metrics.redis_errors.inc()
+            delay = self.redis_backoff.failure()
+            logger.warning("Redis unavailable (%s); engine keeps running, retrying in %.2fs", exc, delay)
+            return
+        except redis.ResponseError as exc:  # OOM, READONLY during a failover: wait it out like an outage
+            self.metrics.redis_errors.inc()
+            delay = self.redis_backoff.failure()
+            logger.error("Redis refused a command (%s); engine keeps running, retrying in %.2fs", exc, delay)
+            return
+        if reached and self.redis_backoff.is_failing:
+            logger.info("Redis is back")
+            self._need_own_pending = True  # messages delivered to us that we may not hold
+            self.redis_backoff.success()
+
+    # ---- intake ------------------------------------------------------------------------------------
+    def _num_free_slots(self) -> int:
+        return self.settings.max_num_seqs - len(self.jobs) - len(self.window)
+
+    def _has_kv_room(self) -> bool:
+        """Read only while the KV pool has room beyond the prompts already waiting for it, so
+        messages this worker could not start soon stay in the stream for other workers."""
+        if not self.jobs:
+            return True
+        reserved = sum(job.num_prompt_tokens for job in self.jobs.values() if not job.started)
+        return self._last_stats.num_free_kv_tokens - reserved >= self.settings.block_size
+
+    def _block_ms(self) -> int | None:
+        """How long a read may wait: never while the engine has work; up to the window's end while
+        gathering; otherwise idle_block_ms, or until the next claim pass."""
+        if self.engine.has_unfinished_requests():
+            return None
+        if len(self.window):
+            return self.window.ms_left() or None
+        until_claim_ms = int((self._next_claim_at - time.monotonic()) * 1000)
+        return max(1, min(self.settings.idle_block_ms, until_claim_ms))
+
+    def _intake(self) -> None:
+        if self._redis_usable():
+            self._redis_call(self._read_and_admit)
+        elif not self.engine.has_unfinished_requests():
+            time.sleep(min(0.05, max(0.0, self.redis_backoff.retry_at - time.monotonic())))
+
+    def _read_and_admit(self) -> bool:
+        """Own pending first, then abandoned messages, then new ones. Returns whether it reached Redis."""
+        reached = False
+        if self._need_own_pending:
+            self._receive(self.intake.read_own_pending(max(1, self._num_free_slots())))
+            self._need_own_pending, reached = False, True
+        now = time.monotonic()
+        if now >= self._next_claim_at and self._num_free_slots() > 0:
+            self._next_claim_at = now + self.settings.claim_interval_ms / 1000
+            self._receive(self.intake.claim_abandoned(self._num_free_slots()))
+            reached = True
+        if self._num_free_slots() > 0 and self._has_kv_room():
+            self._receive(self.intake.read_new(self._num_free_slots(), self._block_ms()))
+            reached = True
+        if self.window.is_due(self._num_free_slots()):
+            # NOTE: admit() does all its Redis reads before touching the engine, so a failure here
+            # leaves the window as it was, to be admitted on a later try.
+            self._admit(self.window.deliveries)
+            self.window.take()
+            reached = True
+        return reached
+
+    def _receive(self, deliveries) -> None:
+        fresh = self.held.add_new([d.message_id for d in deliveries])
+        self.window.add([d for d in deliveries if d.message_id in fresh])
+
+    def _admit(self, deliveries) -> None:
+        admission = self.admitter.admit(deliveries, set(self.jobs))
+        admitted = {job.message_id for job in admission.jobs}
+        self.held.release([d.message_id for d in deliveries if d.message_id not in admitted])
+        self.jobs.update((job.request_id, job) for job in admission.jobs)
+        self.metrics.admitted.inc(len(admission.jobs))
+        self.metrics.dead_letters.inc(admission.num_dead_letters)
+        self.publisher.submit(admission.batch)
+        self._snapshot = self._make_snapshot()
+
+    # ---- cancels, deadlines, takeovers -------------------------------------------------------------
+    def _check_cancels(self) -> bool:
+        batch = Batch()
+        for request_id in cancelled_ids(self.client, self.keys, list(self.jobs)):
+            job = self.jobs[request_id]
+            batch.events += abort_events(job, self.engine.abort_request(request_id), self.consumer)
+            self._finish(job, batch, "abort")
+            self.metrics.aborts.inc()
+        self.publisher.submit(batch)
+        return True
+
+    def _drop_late(self) -> None:
+        """Deadlines bind only until a request starts: one that waited too long is dropped before prefill."""
+        now = time.time()
+        late = [j for j in self.jobs.values() if not j.started and j.deadline is not None and now > j.deadline]
+        batch = Batch()
+        for job in late:
+            self.engine.abort_request(job.request_id)
+            message = f"deadline passed {now - job.deadline:.3f}s before the request started"
+            batch.events.append(write(job, job.error_event(message, self.consumer)))
+            self._finish(job, batch, "deadline")
+        self.publisher.submit(batch)
+
+    def _drop_lost(self) -> None:
+        """Another worker owns these now (we froze past our lease): stop working on them, silently."""
+        for kind, lost_id in self.held.drain_lost():
+            if kind == "message":
+                self.window.remove(lost_id)
+                self.held.release([lost_id])
+                job = next((j for j in self.jobs.values() if j.message_id == lost_id), None)
+            else:
+                job = self.jobs.get(lost_id)
+            if job is not None:
+                self.engine.abort_request(job.request_id)
+                self._forget(job)
+                self.metrics.lost.inc()
+
+    # ---- stepping ----------------------------------------------------------------------------------
+    def _step(self) -> None:
+        started = time.monotonic()
+        outputs = self.engine.step()
+        self.metrics.step_seconds.observe(time.monotonic() - started)
+        record = self.engine.last_step
+        for internal_id in record.new_request_ids:
+            job = self.jobs.get(_parent_id(internal_id))
+            if job is not None:
+                job.started = True
+        events, finished = events_for_outputs(self.jobs, outputs, self.consumer)
+        batch = Batch(events=events)
+        for job in finished:
+            last = next(e.event for e in reversed(events) if e.request_id == job.request_id)
+            self._finish(job, batch, last.finish_reason or "error")
+        self.publisher.submit(batch)
+
+        stats, previous = self.engine.stats(), self._last_stats
+        self._last_stats = stats
+        self.metrics.observe_stats(stats, previous)
+        self.step_log.append(
+            StepLog(
+                step=record.step,
+                time=time.monotonic(),
+                scheduled=dict(record.scheduled),
+                new_request_ids=list(record.new_request_ids),
+                num_free_kv_tokens=stats.num_free_kv_tokens,
+                running_request_ids=list(self.jobs),
+            )
+        )
+        self._snapshot = self._make_snapshot()
+
+    def _finish(self, job: Job, batch: Batch, reason: str) -> None:
+        """The terminal events are in `batch`; acknowledge after them (same MULTI) and let go."""
+        self.engine.abort_request(job.request_id)  # frees choices skipped on resume, if any still run
+        batch.acks.append(job.message_id)
+        self._forget(job)
+        self.metrics.finished.labels(reason=reason).inc()
+
+    def _forget(self, job: Job) -> None:
+        self.jobs.pop(job.request_id, None)
+        self.held.release([job.message_id])
+
+    # ---- shared with the threads -------------------------------------------------------------------
+    def _count_written(self, num_events: int, num_duplicates: int) -> None:
+        self.metrics.events_written.inc(num_events - num_duplicates)
+        self.metrics.duplicate_events.inc(num_duplicates)
+
+    def _make_snapshot(self) -> WorkerHeartbeat:
+        """The heartbeat's view, rebuilt by the loop (the heartbeat thread never touches the engine)."""
+        stats = self._last_stats
+        self.metrics.observe_stats(stats)
+        return WorkerHeartbeat(
+            consumer=self.consumer,
+            model=self.settings.model_name,
+            max_model_len=self.engine.max_model_len,
+            started=self.started,
+            ts=time.time(),
+            running=stats.num_running,
+            waiting=stats.num_waiting + len(self.window),
+            free_kv_tokens=stats.num_free_kv_tokens,
+        )

@@ -1,0 +1,218 @@
+"""Writes events, dead letters, acknowledgements and hand-offs to Redis beside the engine loop.
+
+The loop hands over one `Batch` per step and never waits. A background thread writes batches
+in order, each as one MULTI/EXEC, so a finishing token, its "done" event and the XACK land
+together or not at all. Consecutive queued batches are merged into one round trip.
+
+Exactly once: result events are XADDed with explicit ids "0-{seq}". A retry after a lost reply
+(or another worker that resumed the request) gets "ID equal or smaller" back: the event is
+already there. When the entry there was written by a different worker, this worker has lost
+the request; `on_lost(request_id)` tells the loop to drop its copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from worker.protocol import Keys, ResultEvent, encode_event, event_to_json, stream_id
+from worker.redis_client import CONNECTION_ERRORS, Backoff, is_duplicate_id
+
+logger = logging.getLogger(__name__)
+
+# XCLAIM ... IDLE: a handed-off message looks idle this long, so any live worker's XAUTOCLAIM
+# takes it at once instead of waiting out the lease.
+HANDOFF_IDLE_MS = 10**10
+MAX_MERGED_BATCHES = 64
+DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
+
+
+@dataclass
+class EventWrite:
+    request_id: str
+    stream: str
+    channel: str
+    event: ResultEvent
+
+
+@dataclass
+class Batch:
+    """What one engine step owes Redis, written in this order."""
+
+    events: list[EventWrite] = field(default_factory=list)
+    dead_letters: list[dict[str, str]] = field(default_factory=list)
+    acks: list[str] = field(default_factory=list)
+    handoffs: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.dead_letters or self.acks or self.handoffs)
+
+    def extend(self, other: Batch) -> None:
+        self.events += other.events
+        self.dead_letters += other.dead_letters
+        self.acks += other.acks
+        self.handoffs += other.handoffs
+
+
+class Publisher:
+    """Args:
+    client: Redis client (thread-safe pool).
+    keys: key names.
+    consumer: this worker's consumer name (marks its events; owns its hand-offs).
+    result_ttl_s: EXPIRE refreshed on every write to a result stream.
+    on_lost: called from the publisher thread with a request id another worker now writes.
+    on_written: called with (num_events, num_duplicates) after each successful write (metrics).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        consumer: str,
+        result_ttl_s: int,
+        on_lost: Callable[[str], None],
+        on_written: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.consumer = consumer
+        self.result_ttl_s = result_ttl_s
+        self.on_lost = on_lost
+        self.on_written = on_written
+        self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._lock = threading.Condition()
+        self._num_submitted = 0
+        self._num_done = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inferq-publisher", daemon=True)
+        self.backoff = Backoff()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        """Queue a batch; returns at once."""
+        if not batch:
+            return
+        with self._lock:
+            self._num_submitted += 1
+        self._queue.put(batch)
+
+    @property
+    def num_pending(self) -> int:
+        with self._lock:
+            return self._num_submitted - self._num_done
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            target = self._num_submitted
+            while self._num_done < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def close(self, timeout_s: float) -> bool:
+        """Flush (up to timeout_s), then stop the thread. Returns whether everything was written."""
+        flushed = self.flush(timeout_s)
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout=1.0)
+        return flushed
+
+    # ---- the thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            merged, count = batch, 1
+            while count < MAX_MERGED_BATCHES:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # stop after this write
+                    break
+                merged.extend(more)
+                count += 1
+            self._write_until_done(merged)
+            with self._lock:
+                self._num_done += count
+                self._lock.notify_all()
+
+    def _write_until_done(self, batch: Batch) -> None:
+        while True:
+            try:
+                self._write(batch)
+                self.backoff.success()
+                return
+            except CONNECTION_ERRORS as exc:
+                delay = self.backoff.failure()
+                logger.warning("publisher: Redis unavailable (%s), retrying in %.2fs", exc, delay)
+            except redis.ResponseError as exc:  # the server refused the whole MULTI (OOM, READONLY failover)
+                delay = self.backoff.failure()
+                logger.error("publisher: Redis refused the write (%s), retrying in %.2fs", exc, delay)
+            except Exception:  # a bug must not wedge the queue: log it and drop the batch
+                logger.exception("publisher: dropping a batch that cannot be written")
+                return
+            if self._stop.wait(delay):
+                logger.error("publisher stopped with %d unwritten event(s)", len(batch.events))
+                return
+
+    def _write(self, batch: Batch) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        streams: dict[str, None] = {}
+        for write in batch.events:
+            pipe.xadd(write.stream, encode_event(write.event), id=stream_id(write.event.seq))
+            pipe.publish(write.channel, event_to_json(write.event))
+            streams[write.stream] = None
+        for stream in streams:
+            pipe.expire(stream, self.result_ttl_s)
+        for letter in batch.dead_letters:
+            pipe.xadd(self.keys.dead, letter, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+        if batch.acks:
+            pipe.xack(self.keys.requests, self.keys.group, *batch.acks)
+        for message_id in batch.handoffs:
+            pipe.xclaim(
+                self.keys.requests, self.keys.group, self.consumer, 0, [message_id], idle=HANDOFF_IDLE_MS, justid=True
+            )
+        results = pipe.execute(raise_on_error=False)
+        num_duplicates = 0
+        for i, write in enumerate(batch.events):
+            result = results[2 * i]
+            if is_duplicate_id(result):
+                num_duplicates += 1
+                self._check_owner(write)
+            elif isinstance(result, Exception):
+                logger.error(
+                    "cannot write event %d of %s to %s: %s", write.event.seq, write.request_id, write.stream, result
+                )
+        for result in results[2 * len(batch.events) :]:
+            if isinstance(result, Exception):
+                logger.error("publisher: Redis refused a command: %s", result)
+        if self.on_written is not None:
+            self.on_written(len(batch.events), num_duplicates)
+
+    def _check_owner(self, write: EventWrite) -> None:
+        """A duplicate id is our own earlier write (a retry) or another worker's: only the latter is a loss."""
+        sid = stream_id(write.event.seq)
+        entries = self.client.xrange(write.stream, min=sid, max=sid)
+        if not entries:
+            return
+        writer = entries[0][1].get(b"worker", b"").decode()
+        if writer and writer != self.consumer:
+            logger.warning(
+                "request %s: seq %d was written by %s; dropping local copy", write.request_id, write.event.seq, writer
+            )
+            self.on_lost(write.request_id)

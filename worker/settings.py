@@ -1,0 +1,121 @@
+"""Every worker setting, from command-line flags or INFERQ_* environment variables.
+
+Flags win over the environment, which wins over the defaults:
+`python -m worker --model ./ckpt --redis-url redis://redis:6379/0` equals
+`INFERQ_MODEL=./ckpt INFERQ_REDIS_URL=redis://redis:6379/0 python -m worker`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
+
+from worker.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TTL_S, DEFAULT_PREFIX, DEFAULT_RESULT_TTL_S
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="INFERQ_",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_prog_name="python -m worker",
+        extra="ignore",
+        frozen=True,
+    )
+
+    # ---- Redis -------------------------------------------------------------------------
+    redis_url: str = Field("redis://localhost:6379/0", description="Redis URL (redis:// or rediss://).")
+    prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every Redis key and stream name.")
+    consumer: str | None = Field(
+        None,
+        description="Consumer name in the group; default hostname-pid-random. Set a stable name (a pod name) "
+        "so a restarted worker picks up its own pending messages first.",
+    )
+
+    # ---- model and engine ----------------------------------------------------------------
+    model: str = Field("default", description="Checkpoint: local dir, .gguf file, Hub id, or 'default'.")
+    served_model_name: str | None = Field(None, description="Model name reported to clients; default: --model.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="Weights/activations dtype.")
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
+    kernels: Literal["auto", "torch", "triton"] = Field("auto", description="Triton kernels or torch references.")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    max_model_len: int | None = Field(None, ge=1, description="Longest prompt + output; default: the checkpoint's.")
+    block_size: int = Field(16, ge=1, description="Tokens per KV block.")
+    num_kv_tokens: int | None = Field(None, ge=1, description="KV pool size in tokens (overrides memory sizing).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the worker may use.")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
+    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once.")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget of one engine step.")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "priority", description="'priority': lower `priority` first, then arrival order."
+    )
+
+    # ---- intake and leases --------------------------------------------------------------------
+    batch_window_ms: float = Field(
+        5.0, ge=0, description="Wait this long after an arrival to gather more so their prefills run together."
+    )
+    idle_block_ms: int = Field(500, ge=1, description="Longest blocking read when idle (how fast a stop is seen).")
+    lease_ms: int = Field(
+        30_000,
+        ge=50,
+        description="A held message is renewed every lease_ms/3; others may claim it once idle longer than lease_ms.",
+    )
+    claim_interval_ms: int = Field(5_000, ge=10, description="How often to look for dead workers' messages.")
+    max_deliveries: int = Field(5, ge=1, description="A message delivered more often is poison: dead-lettered.")
+    trim_requests: bool = Field(
+        True, description="Trim acknowledged messages from the request stream (XTRIM MINID) every 30 s."
+    )
+    result_ttl_s: int = Field(DEFAULT_RESULT_TTL_S, ge=1, description="Result streams expire this long after a write.")
+
+    # ---- liveness and shutdown ---------------------------------------------------------------------
+    heartbeat_interval_s: float = Field(DEFAULT_HEARTBEAT_INTERVAL_S, gt=0, description="Heartbeat period.")
+    heartbeat_ttl_s: int = Field(DEFAULT_HEARTBEAT_TTL_S, ge=1, description="TTL of the heartbeat key.")
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, finish running requests for this long, then hand the rest off."
+    )
+    metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus /metrics port; 0 disables.")
+    log_level: str = Field("INFO", description="Python logging level.")
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSettings:
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed heartbeat_interval_s "
+                f"({self.heartbeat_interval_s})"
+            )
+        return self
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None) -> WorkerSettings:
+        """Flags (argv, default sys.argv[1:]) over INFERQ_* environment variables over defaults."""
+        return CliApp.run(cls, cli_args=argv)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def engine_config(self):
+        """The engine's frozen EngineConfig built from these settings."""
+        from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+        return EngineConfig(
+            model=ModelConfig(model=self.model, dtype=self.dtype, max_model_len=self.max_model_len),
+            cache=CacheConfig(
+                block_size=self.block_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                num_kv_tokens=self.num_kv_tokens,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                policy=self.scheduling_policy,
+            ),
+            device=self.device,
+            kernels=self.kernels,
+            enforce_eager=self.enforce_eager,
+        )
