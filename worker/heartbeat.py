@@ -25,8 +25,14 @@ logger = logging.getLogger(__name__)
 TRIM_INTERVAL_S = 30.0
 
 
-def publish_model_info(client: redis.Redis, keys: Keys, info: ModelInfo) -> None:
-    client.set(keys.model, info.to_json())
+def publish_model_info(client: redis.Redis, keys: Keys, info: ModelInfo, tokenizer: dict[str, str]) -> None:
+    """What API replicas need without the engine: the model's limits and its tokenizer
+    (`tokenizer_fields`), written in one transaction so they never disagree."""
+    pipe = client.pipeline(transaction=True)
+    pipe.set(keys.model, info.to_json())
+    pipe.delete(keys.tokenizer)
+    pipe.hset(keys.tokenizer, mapping=tokenizer)
+    pipe.execute()
 
 
 class Heartbeat:

@@ -30,7 +30,7 @@ from worker.job import Job
 from worker.lease import LeaseKeeper
 from worker.metrics import WorkerMetrics
 from worker.outputs import abort_events, events_for_outputs, write
-from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name
+from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name, tokenizer_fields
 from worker.publisher import Batch, Publisher
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
@@ -147,10 +147,14 @@ class Worker:
             vocab_size=self.engine.vocab_size,
             eos_token_ids=sorted(self.engine.eos_token_ids),
         )
+        tok = self.engine.tokenizer
+        tokenizer = tokenizer_fields(
+            tok.backend_tokenizer.to_str(), tok.chat_template or "", tok.bos_token or "", tok.eos_token or ""
+        )
         while not self._stop.is_set():
             try:
                 self.intake.ensure_group()
-                publish_model_info(self.client, self.keys, info)
+                publish_model_info(self.client, self.keys, info, tokenizer)
                 break
             except CONNECTION_ERRORS as exc:
                 logger.warning("Redis at %s unavailable (%s); retrying", self.settings.redis_url, exc)
@@ -303,6 +307,8 @@ class Worker:
             self._finish(job, batch, "abort")
             self.metrics.aborts.inc()
         self.publisher.submit(batch)
+        if batch.events:
+            self._refresh_stats()
         return True
 
     def _drop_late(self) -> None:
@@ -316,6 +322,8 @@ class Worker:
             batch.events.append(write(job, job.error_event(message, self.consumer)))
             self._finish(job, batch, "deadline")
         self.publisher.submit(batch)
+        if late:
+            self._refresh_stats()
 
     def _drop_lost(self) -> None:
         """Another worker owns these now (we froze past our lease): stop working on them, silently."""
@@ -361,6 +369,12 @@ class Worker:
                 running_request_ids=list(self.jobs),
             )
         )
+        self._snapshot = self._make_snapshot()
+
+    def _refresh_stats(self) -> None:
+        """After aborts outside a step: the heartbeat must show the freed KV blocks now, not after
+        the next step (an idle worker may not step again for a long time)."""
+        self._last_stats = self.engine.stats()
         self._snapshot = self._make_snapshot()
 
     def _finish(self, job: Job, batch: Batch, reason: str) -> None:

@@ -1,0 +1,65 @@
+"""Bearer API keys: who is calling, checked on every route but /health.
+
+Keys are compared in constant time against every configured key (no early exit,
+so the time taken says nothing about which key or how much of it matched). The
+caller's identity stored in Redis (request owner, rate-limit buckets, idempotency
+keys) is a digest of the key, never the key itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import ApiError
+
+ANONYMOUS = "anonymous"
+
+# auto_error=False: a missing or malformed header is answered by us, in OpenAI's envelope.
+_bearer = HTTPBearer(auto_error=False, description="An API key from INFERQ_API_KEYS (when auth is on).")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated caller; `owner` tags every request it creates."""
+
+    owner: str
+
+
+def key_owner(api_key: str) -> str:
+    return "key-" + hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:24]
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="inferq"'})
+
+
+def check_key(presented: str, configured: list[str]) -> bool:
+    presented_bytes = presented.encode("utf-8")
+    matched = False
+    for key in configured:
+        # NOTE: `|` not `or`: every key is compared, whatever matched before.
+        matched |= hmac.compare_digest(presented_bytes, key.encode("utf-8"))
+    return matched
+
+
+async def require_caller(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Caller:
+    settings = request.app.state.settings
+    if not settings.auth_enabled:
+        return Caller(owner=ANONYMOUS)
+    if credentials is None:
+        raise _unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+    if not check_key(credentials.credentials, settings.api_keys):
+        raise _unauthorized("incorrect API key provided")
+    return Caller(owner=key_owner(credentials.credentials))
+
+
+# What a route declares to require an API key: `caller: AuthorizedCaller`.
+AuthorizedCaller = Annotated[Caller, Depends(require_caller)]

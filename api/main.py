@@ -1,0 +1,71 @@
+"""The FastAPI app: `create_app(settings)` for tests and embedding, `app` for `uvicorn api.main:app`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from api import routes_health, routes_openai, routes_requests
+from api.errors import install_error_handlers
+from api.metrics import ApiMetrics
+from api.middleware import ErrorCountMiddleware, SizeLimitMiddleware
+from api.settings import ApiSettings
+from api.state import AppState
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    settings = settings or ApiSettings()
+    metrics = ApiMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState.build(settings, metrics)
+        app.state.inferq = state
+        state.spawn(state.warm_up())
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(
+        title="inferq",
+        summary="OpenAI-compatible LLM inference over Redis Streams",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.started = time.time()
+    install_error_handlers(app)
+
+    app.include_router(routes_openai.router)
+    app.include_router(routes_requests.router)
+    app.include_router(routes_health.router)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+            expose_headers=["X-Request-Id", "Retry-After"],
+        )
+    app.add_middleware(ErrorCountMiddleware, metrics=metrics)
+    # Outermost: refuse oversized requests before anything else runs.
+    app.add_middleware(
+        SizeLimitMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
+    )
+    return app
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `uvicorn api.main:app` builds the app from the environment on first access only, so that
+    # importing this module (tests, create_app) never reads the environment.
+    if name == "app":
+        app = create_app()
+        globals()["app"] = app
+        return app
+    raise AttributeError(name)

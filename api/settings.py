@@ -1,0 +1,83 @@
+"""API settings, read from the environment (INFERQ_*) at the edge only.
+
+Every field is documented here and in the README; defaults are chosen for one
+API replica beside one worker and can all be overridden with environment
+variables, e.g. `INFERQ_REDIS_URL=redis://redis:6379/0`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _split_csv(value: object) -> object:
+    """Lists come from the environment as comma-separated strings ("a,b,c")."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class ApiSettings(BaseSettings):
+    """Settings of one API replica (env prefix INFERQ_)."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore", frozen=True)
+
+    # Redis and wire contract.
+    redis_url: str = "redis://localhost:6379/0"
+    prefix: str = Field("inferq", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+    # HTTP server.
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    # NOTE: 1 MiB holds a prompt of ~250k tokens of English; larger bodies are answered 413
+    # before they are read in full.
+    max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # Sum of all request header names and values; uvicorn's own limit (h11, 64 KiB as we start it)
+    # stays above it so that our 431 answers in OpenAI's error format.
+    max_header_bytes: int = Field(8 * 1024, ge=1024, le=60 * 1024)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # Auth: empty means auth is off. Comma-separated in the environment.
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+
+    # Admission control: requests admitted but not yet started by a worker.
+    max_queued_requests: int = Field(256, ge=0)
+    max_queued_prompt_tokens: int = Field(1_000_000, ge=0)
+    # Seconds a 503 tells the client to wait.
+    overload_retry_after_s: int = Field(1, ge=1)
+    # A request that has not started after this many seconds is dropped by the worker with an error.
+    queue_timeout_s: float = Field(300.0, gt=0)
+
+    # Per-API-key rate limits over a fixed one-minute window; 0 disables.
+    rate_limit_rpm: int = Field(0, ge=0)
+    # Tokens count as prompt tokens + max_tokens (a reservation, as OpenAI counts them).
+    rate_limit_tpm: int = Field(0, ge=0)
+
+    # Streaming.
+    resume_grace_s: float = Field(5.0, ge=0)  # a dropped client may re-attach this long before we cancel
+    sse_ping_s: float = Field(15.0, gt=0)
+    # Non-streaming requests wait at most this long for the whole answer (504 after, and cancelled).
+    request_timeout_s: float = Field(600.0, gt=0)
+    # Result streams, request metadata and idempotency keys live this long (matches the worker's TTL).
+    result_ttl_s: int = Field(3600, ge=60)
+
+    # Generation limits. None: up to the model's context.
+    default_max_tokens: int | None = Field(None, ge=1)
+    max_tokens_limit: int | None = Field(None, ge=1)
+    # Completions default to 16 tokens, as OpenAI and vLLM do.
+    default_completion_max_tokens: int = Field(16, ge=1)
+
+    # Model: empty means "whatever the workers serve" (read from Redis).
+    served_model_name: str = ""
+
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _lists_from_csv(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)

@@ -1,0 +1,143 @@
+"""Relaying a request's events to one client as OpenAI Server-Sent Events.
+
+    id: 7
+    data: {"id": "chatcmpl-...", "object": "chat.completion.chunk", ...}
+
+Every event that comes from a result event carries its seq as the SSE `id`, so a client
+that reconnects with `Last-Event-ID: 7` (or `?last_event_id=7`) gets exactly the events
+after it, from any replica. The trailer (usage chunk when asked for, then `[DONE]`)
+carries no id: per the SSE spec the last event id stays the last seq, and a reconnect
+after the last seq gets just the trailer again.
+A failure mid-stream is an error event in OpenAI's envelope, then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from redis.exceptions import RedisError
+from sse_starlette import EventSourceResponse
+
+from api import attachments
+from api.errors import SERVER_ERROR, error_body
+from api.events import BrokenEventStream, EventSource, NotStarted
+from api.metrics import RequestObserver
+from api.openai_format import ChunkFormatter, usage_of
+from api.request_meta import RequestMeta
+from api.state import AppState
+
+log = logging.getLogger("inferq.api")
+
+DONE = "[DONE]"
+
+
+def _error_event(message: str, code: str, event_id: int | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {"data": json.dumps(error_body(message, type=SERVER_ERROR, code=code))}
+    if event_id is not None:
+        event["id"] = str(event_id)
+    return event
+
+
+def _redis_error_event(meta: RequestMeta, exc: RedisError) -> dict[str, Any]:
+    message = (
+        f"lost the queue (Redis): {exc}; the request goes on, resume it with Last-Event-ID at "
+        f"/v1/requests/{meta.request_id}/stream"
+    )
+    return _error_event(message, "backend_unavailable")
+
+
+async def relay(
+    state: AppState,
+    meta: RequestMeta,
+    source: EventSource,
+    *,
+    resume_after: int = 0,
+    observer: RequestObserver | None = None,
+    release_admission: bool = False,
+) -> AsyncIterator[dict[str, Any]]:
+    """SSE events (sse-starlette dicts) for one client, from `source` (opened at seq 0).
+
+    Events up to `resume_after` were delivered before: they only advance the formatter.
+    """
+    # NOTE: attach before anything slow (the first tokenizer load takes a while): a client that
+    # re-attaches here within another replica's grace period must be counted in time.
+    try:
+        await attachments.attach(state, meta.request_id)
+    except RedisError as exc:
+        await source.close()
+        yield _redis_error_event(meta, exc)
+        yield {"data": DONE}
+        return
+    complete = False
+    try:
+        tokenizer = await state.tokenizers.get(state.redis)
+        formatter = ChunkFormatter(meta, tokenizer.tokenizer if tokenizer else None)
+        started = False
+        async for event in source.events():
+            now = time.monotonic()
+            if not started:
+                started = True
+                if release_admission:
+                    await state.admission.release(meta.request_id)
+            if observer is not None:
+                observer.on_event(event.type, len(event.token_ids or []), now)
+            if event.type == "error":
+                if event.seq > resume_after:
+                    yield _error_event(event.error or "generation failed", "generation_error", event.seq)
+                break
+            chunk = formatter.chunk(event)
+            if event.seq > resume_after:
+                yield {"id": str(event.seq), "data": json.dumps(chunk, ensure_ascii=False)}
+        if not source.failed and meta.include_usage:
+            yield {"data": json.dumps(formatter.usage_chunk())}
+        complete = True
+        if observer is not None:
+            reasons = [e.finish_reason or "error" for e in formatter.done] or ["error"]
+            observer.on_finish(reasons, usage_of(formatter.done, meta, formatter.completion_tokens), time.monotonic())
+        yield {"data": DONE}
+    except NotStarted as exc:
+        complete = True  # nothing to resume: we cancel it ourselves
+        with anyio.CancelScope(shield=True):
+            await attachments.cancel(state, meta.request_id)
+        yield _error_event(f"the request was not started in time: {exc}", "queue_timeout")
+        yield {"data": DONE}
+    except BrokenEventStream as exc:
+        complete = True
+        log.error("request %s: %s", meta.request_id, exc)
+        yield _error_event(f"the result stream is broken: {exc}", "broken_result_stream")
+        yield {"data": DONE}
+    except RedisError as exc:
+        # The request goes on in the worker; the client may resume once Redis is back.
+        log.warning("request %s: Redis failed mid-stream: %s", meta.request_id, exc)
+        yield _redis_error_event(meta, exc)
+        yield {"data": DONE}
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _leave(state, meta, source, complete, release_admission)
+
+
+async def _leave(state: AppState, meta: RequestMeta, source: EventSource, complete: bool, release: bool) -> None:
+    await source.close()
+    try:
+        if release:
+            await state.admission.release(meta.request_id)
+        remaining = await attachments.detach(state, meta.request_id)
+    except Exception:
+        log.warning("request %s: could not record the client leaving", meta.request_id, exc_info=True)
+        return
+    if not complete and remaining <= 0:
+        attachments.cancel_after_grace(state, meta.request_id, meta.result_stream, meta.n)
+
+
+def sse_response(state: AppState, meta: RequestMeta, events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
+    return EventSourceResponse(
+        events,
+        ping=state.settings.sse_ping_s,
+        sep="\n",
+        headers={"X-Request-Id": meta.request_id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,189 @@
+"""Accepting a completion request: validate against the model, admit, and enqueue it.
+
+Order matters and every step before the XADD can refuse without side effects:
+    model known (404) -> token ids in the vocabulary -> prompt length and max_tokens (400)
+    -> Idempotency-Key seen before? attach to that request
+    -> rate limit (429) -> queue cap (503) -> bind the Idempotency-Key
+    -> save request meta -> SUBSCRIBE to its events -> XADD to the request stream.
+NOTE: subscribing before the XADD is what guarantees that the first token is never
+published to nobody; the result stream would fill the gap anyway, but later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import anyio
+
+from api import idempotency
+from api.auth import Caller
+from api.errors import SERVER_ERROR, ApiError
+from api.events import EventSource
+from api.limits import check_token_ids, token_budget
+from api.metrics import RequestObserver
+from api.request_meta import CHAT, COMPLETION, RequestMeta, load_meta, save_meta
+from api.schemas import ChatCompletionRequest, CompletionRequest
+from api.state import AppState
+from api.tokens import PromptTokenizer
+from worker.protocol import RequestMessage, encode_request
+
+log = logging.getLogger("inferq.api")
+
+# Prompts longer than this are tokenized in a worker thread, not on the event loop.
+_INLINE_TOKENIZE_CHARS = 20_000
+# A new request with no event this long after its queue deadline fails on the API side too.
+START_SLACK_S = 10.0
+
+
+@dataclass
+class Accepted:
+    """A request this call may relay: new (just enqueued) or an earlier one (same Idempotency-Key)."""
+
+    meta: RequestMeta
+    source: EventSource  # opened: subscribed to the request's events
+    is_new: bool
+    observer: RequestObserver | None = None  # timings, for the request this replica admitted
+
+
+def new_request_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == CHAT else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+async def count_prompt_tokens(
+    tokenizer: PromptTokenizer | None, body: ChatCompletionRequest | CompletionRequest
+) -> int | None:
+    if isinstance(body, CompletionRequest):
+        prompt = body.single_prompt()
+        if isinstance(prompt, list):
+            return len(prompt)
+        if tokenizer is None:
+            return None
+        if len(prompt) > _INLINE_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(tokenizer.count_text, prompt)
+        return tokenizer.count_text(prompt)
+    if tokenizer is None:
+        return None
+    messages = body.wire_messages()
+    if sum(len(m["content"]) for m in messages) > _INLINE_TOKENIZE_CHARS:
+        return await anyio.to_thread.run_sync(tokenizer.count_chat, messages)
+    return tokenizer.count_chat(messages)
+
+
+def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
+    if isinstance(body, ChatCompletionRequest):
+        return {"messages": body.wire_messages()}
+    prompt = body.single_prompt()
+    return {"prompt_token_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
+
+
+async def _open_source(state: AppState, meta: RequestMeta, start_timeout_s: float | None = None) -> EventSource:
+    source = EventSource(
+        state.redis, state.keys.wire, meta.request_id, meta.result_stream, meta.n, start_timeout_s=start_timeout_s
+    )
+    await source.open()
+    return source
+
+
+async def _attach_existing(state: AppState, request_id: str) -> Accepted:
+    # The winner of a concurrent Idempotency-Key race saves its meta right after binding the key.
+    for _ in range(20):
+        meta = await load_meta(state.redis, state.keys, request_id)
+        if meta is not None:
+            return Accepted(meta, await _open_source(state, meta), is_new=False)
+        await asyncio.sleep(0.05)
+    raise ApiError(
+        409,
+        "a request with this Idempotency-Key is being created; retry",
+        code="idempotency_conflict",
+        param="Idempotency-Key",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _undo(
+    state: AppState, request_id: str, claim: idempotency.IdempotencyClaim | None, source: EventSource | None
+) -> None:
+    """Take back what an enqueue that failed half-way did (best effort: Redis may be the failure)."""
+    try:
+        await state.admission.release(request_id)
+        if claim is not None:
+            await idempotency.forget(state.redis, claim, request_id)
+    except Exception:
+        log.warning("could not undo the admission of %s", request_id, exc_info=True)
+    if source is not None:
+        await source.close()
+
+
+async def submit(
+    state: AppState,
+    caller: Caller,
+    body: ChatCompletionRequest | CompletionRequest,
+    idempotency_key: str | None,
+) -> Accepted:
+    arrival = time.monotonic()
+    settings, redis = state.settings, state.redis
+    kind = CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION
+
+    info, model_name = await state.models.require(body.model)
+    check_token_ids(info, body)
+    prompt_tokens = await count_prompt_tokens(await state.tokenizers.get(redis), body)
+    budget = token_budget(info, settings, body, prompt_tokens)
+
+    claim = idempotency.make_claim(state.keys, caller.owner, idempotency_key, kind, body)
+    if claim is not None and (earlier := await idempotency.lookup(redis, claim)) is not None:
+        return await _attach_existing(state, earlier)
+
+    queued_tokens = prompt_tokens if prompt_tokens is not None else 0
+    await state.admission.check_rate(caller.owner, queued_tokens + budget.max_tokens)
+    request_id = new_request_id(kind)
+    await state.admission.admit(request_id, queued_tokens)
+    source: EventSource | None = None
+    try:
+        if claim is not None:
+            winner = await idempotency.bind(redis, claim, request_id, settings.result_ttl_s)
+            if winner is not None:
+                await state.admission.release(request_id)
+                return await _attach_existing(state, winner)
+        meta = RequestMeta(
+            request_id=request_id,
+            owner=caller.owner,
+            kind=kind,
+            model=model_name,
+            created=int(time.time()),
+            n=body.n,
+            include_usage=body.include_usage,
+            logprobs=body.engine_logprobs(),
+            prompt_tokens=queued_tokens,
+            result_stream=state.keys.wire.result(request_id),
+        )
+        await save_meta(redis, state.keys, meta, settings.result_ttl_s)
+        # The worker drops the request at its deadline; the slack covers a worker that died holding it.
+        source = await _open_source(state, meta, start_timeout_s=settings.queue_timeout_s + START_SLACK_S)
+        now = time.time()
+        message = RequestMessage(
+            id=request_id,
+            params=body.engine_params(budget.max_tokens, body.engine_logprobs()),
+            priority=body.priority,
+            deadline=now + settings.queue_timeout_s,
+            created=now,
+            **_wire_prompt(body),
+        )
+        await redis.xadd(state.keys.wire.requests, encode_request(message))
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await _undo(state, request_id, claim, source)
+        if isinstance(exc, ApiError) or not isinstance(exc, Exception):
+            raise
+        log.exception("could not enqueue %s", request_id)
+        raise ApiError(
+            503,
+            f"could not enqueue the request: {exc}",
+            type=SERVER_ERROR,
+            code="enqueue_failed",
+            headers={"Retry-After": "1"},
+        ) from exc
+    return Accepted(meta, source, is_new=True, observer=RequestObserver(state.metrics, model_name, arrival))

@@ -1,0 +1,138 @@
+"""Result events: what a worker writes to a request's result stream (ids 0-seq) and channel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from worker.protocol.fields import _check_token_ids, _is_int, _load_json, _normalize, _text
+from worker.protocol.names import EVENT_TYPES, FINISH_REASONS, PROTOCOL_VERSION, ProtocolError
+
+
+@dataclass
+class ResultEvent:
+    """One entry of a result stream (and one pub/sub message).
+
+    type "token": `text` delta, `token_ids`, optional `logprobs`, for choice `index`.
+    type "done": `finish_reason` and `usage` ({prompt_tokens, completion_tokens, total_tokens} of
+        that choice; prompt_tokens is the request's prompt, counted once per choice) for choice `index`.
+    type "error": `error` message; terminal for the whole request.
+    `worker` names the consumer that wrote the event (an optional field, for auditing who ran what).
+    """
+
+    seq: int
+    type: str
+    index: int = 0
+    text: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: Any = None
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    error: str | None = None
+    worker: str | None = None
+
+    @property
+    def is_terminal_for_choice(self) -> bool:
+        return self.type in ("done", "error")
+
+
+def _validate_event(event: ResultEvent) -> None:
+    if not _is_int(event.seq) or event.seq < 1:
+        raise ProtocolError("seq", f"must be an integer >= 1, got {event.seq!r}")
+    if event.type not in EVENT_TYPES:
+        raise ProtocolError("type", f"must be one of {EVENT_TYPES}, got {event.type!r}")
+    if not _is_int(event.index) or event.index < 0:
+        raise ProtocolError("index", f"must be an integer >= 0, got {event.index!r}")
+    if event.type == "done" and event.finish_reason not in FINISH_REASONS:
+        raise ProtocolError("finish_reason", f"must be one of {FINISH_REASONS}, got {event.finish_reason!r}")
+    if event.type == "error" and not event.error:
+        raise ProtocolError("error", "an error event needs a message")
+
+
+def _event_items(event: ResultEvent) -> dict[str, Any]:
+    """The event's fields as JSON values, absent ones left out."""
+    _validate_event(event)
+    items: dict[str, Any] = {"v": PROTOCOL_VERSION, "seq": event.seq, "type": event.type, "index": event.index}
+    if event.type == "token":
+        items["text"] = event.text or ""
+        items["token_ids"] = list(event.token_ids or [])
+        if event.logprobs is not None:
+            items["logprobs"] = event.logprobs
+    elif event.type == "done":
+        items["finish_reason"] = event.finish_reason
+        if event.usage is not None:
+            items["usage"] = event.usage
+    else:
+        items["error"] = event.error
+    if event.worker is not None:
+        items["worker"] = event.worker
+    return items
+
+
+_JSON_EVENT_FIELDS = ("token_ids", "logprobs", "usage")
+
+
+def encode_event(event: ResultEvent) -> dict[str, str]:
+    """XADD fields of an event (all strings; token_ids, logprobs and usage as JSON)."""
+    fields = {}
+    for name, value in _event_items(event).items():
+        fields[name] = json.dumps(value, ensure_ascii=False) if name in _JSON_EVENT_FIELDS else str(value)
+    return fields
+
+
+def event_to_json(event: ResultEvent) -> str:
+    """The pub/sub payload: one JSON object with the same keys, seq and index as ints."""
+    return json.dumps(_event_items(event), ensure_ascii=False)
+
+
+def decode_event(fields: Mapping[Any, Any] | str | bytes) -> ResultEvent:
+    """Parse stream fields (str or bytes) or a pub/sub JSON payload.
+
+    Raises:
+        ProtocolError: naming the field that breaks the contract.
+    """
+    if isinstance(fields, (str, bytes)):
+        items = _load_json("event", _text(fields))
+        if not isinstance(items, dict):
+            raise ProtocolError("event", "must be a JSON object")
+    else:
+        items = _normalize(fields)
+        for name in _JSON_EVENT_FIELDS:
+            if name in items:
+                items[name] = _load_json(name, items[name])
+    if str(items.get("v")) != PROTOCOL_VERSION:
+        raise ProtocolError("v", f"must be {PROTOCOL_VERSION!r}, got {items.get('v')!r}")
+    try:
+        seq = int(items["seq"])
+        index = int(items.get("index", 0))
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError("seq", "seq and index must be integers") from None
+    event = ResultEvent(
+        seq=seq,
+        type=items.get("type"),
+        index=index,
+        text=items.get("text"),
+        token_ids=items.get("token_ids"),
+        logprobs=items.get("logprobs"),
+        finish_reason=items.get("finish_reason"),
+        usage=items.get("usage"),
+        error=items.get("error"),
+        worker=items.get("worker"),
+    )
+    _validate_event(event)
+    if event.token_ids is not None:
+        _check_token_ids("token_ids", event.token_ids, allow_empty=True)
+    return event
+
+
+def is_complete(events: list[ResultEvent], n: int = 1) -> bool:
+    """A result stream is complete when an error arrived or all n choices are done."""
+    done = set()
+    for event in events:
+        if event.type == "error":
+            return True
+        if event.type == "done":
+            done.add(event.index)
+    return len(done) >= n

@@ -1,0 +1,73 @@
+"""Small JSON records kept in Redis: dead letters, worker heartbeats, model and tokenizer info."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from worker.protocol.fields import _normalize, _text
+from worker.protocol.names import PROTOCOL_VERSION
+
+
+def encode_dead_letter(
+    request_id: str | None, reason: str, message_id: str, fields: Mapping[Any, Any]
+) -> dict[str, str]:
+    """XADD fields of a dead letter: the original message, why it was given up, and its stream id."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "id": request_id or "",
+        "reason": reason,
+        "message_id": _text(message_id),
+        "fields": json.dumps(_normalize(fields, errors="replace"), ensure_ascii=False),
+    }
+
+
+class _JsonRecord:
+    """to_json / from_json for the small JSON values below (unknown keys from newer workers are ignored)."""
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes):
+        return cls(**{k: v for k, v in json.loads(raw).items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class WorkerHeartbeat(_JsonRecord):
+    """Value of `Keys.worker(consumer)`, refreshed every second with a short TTL."""
+
+    consumer: str
+    model: str
+    max_model_len: int
+    started: float
+    ts: float
+    running: int
+    waiting: int
+    free_kv_tokens: int
+
+
+@dataclass
+class ModelInfo(_JsonRecord):
+    """Value of `Keys.model`: what the API needs to validate requests without the engine."""
+
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+
+
+def tokenizer_fields(tokenizer_json: str, chat_template: str, bos_token: str, eos_token: str) -> dict[str, str]:
+    """HSET fields of `Keys.tokenizer`: the worker's tokenizer, so API replicas count prompt tokens
+    without torch (the `tokenizers` library plus the chat template). `sha256` lets them reload only on change."""
+    import hashlib
+
+    return {
+        "sha256": hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(),
+        "tokenizer_json": tokenizer_json,
+        "chat_template": chat_template,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+    }
