@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from api import routes_health, routes_openai, routes_requests
+from api import routes_health, routes_openai, routes_requests, routes_ui
 from api.errors import install_error_handlers
 from api.metrics import ApiMetrics
 from api.middleware import ErrorCountMiddleware, SizeLimitMiddleware
@@ -45,6 +45,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_health.router)
+    app.include_router(routes_ui.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

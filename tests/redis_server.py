@@ -62,26 +62,45 @@ class RedisServer:
         appendonly: turn AOF on with `appendfsync always`, so every acknowledged write survives
             a restart (even a kill -9).
         port: fixed port; a free one is picked when None.
+        config_file: a redis.conf to start from (port, bind, dir and the options here override it).
+        extra_args: more redis-server arguments, e.g. ["--aclfile", path].
+        username / password: what `client()` and `url` authenticate with (for a server with ACL users).
     """
 
-    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        appendonly: bool = False,
+        port: int | None = None,
+        config_file: str | Path | None = None,
+        extra_args: list[str] | tuple[str, ...] = (),
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.appendonly = appendonly
         self.port = port or free_port()
+        self.config_file = config_file
+        self.extra_args = list(extra_args)
+        self.username = username
+        self.password = password
         self.dir = Path(tempfile.mkdtemp(prefix="inferq-redis-"))
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f"{self.username or ''}:{self.password}@" if self.password is not None else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def client(self, **kwargs) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+        auth = {"username": self.username, "password": self.password} if self.password is not None else {}
+        return redis.Redis(host="127.0.0.1", port=self.port, **{**auth, **kwargs})
 
     def start(self) -> RedisServer:
         if self.process is not None:
             raise RuntimeError("redis-server already running")
         args = [
             find_redis_server(),
+            *([str(self.config_file)] if self.config_file is not None else []),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.dir),
@@ -93,6 +112,7 @@ class RedisServer:
         ]  # fmt: skip
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
+        args += self.extra_args
         preexec = _die_with_parent if sys.platform == "linux" else None
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec)
         self._wait_ready()

@@ -112,9 +112,18 @@ class Admitter:
             raw_stream = raw_stream.decode(errors="replace") if isinstance(raw_stream, bytes) else raw_stream
             ok = isinstance(raw_stream, str) and 0 < len(raw_stream) <= MAX_RESULT_STREAM_CHARS
             stream = raw_stream if ok else self.keys.result(request_id)
+        # NOTE: a submitter may name its result stream, but only inside this prefix's result
+        # namespace: a worker must never write into arbitrary keys (and under the Redis ACL such a
+        # write is refused, which would fail the whole per-step transaction of every request).
+        namespace = self.keys.result("")
+        outside = stream is not None and not stream.startswith(namespace)
+        if outside:
+            stream = self.keys.result(request_id)
         candidate = _Candidate(delivery, request_id, stream)
         try:
             candidate.message = decode_request(fields)
+            if outside:
+                raise ProtocolError("result_stream", f"must start with {namespace!r}")
         except ProtocolError as exc:
             candidate.reason = f"invalid message: {exc}"
         except Exception as exc:  # never let one message take the worker down

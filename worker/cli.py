@@ -84,6 +84,12 @@ class Stack:
                     proc.wait()
         self.children.clear()
 
+    def kill(self) -> None:
+        """SIGKILL every child still running (a second Ctrl-C: stop waiting for them)."""
+        for _, proc in self.children:
+            if proc.poll() is None:
+                proc.kill()
+
 
 def _wait_ready(url: str, stack: Stack, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
@@ -153,6 +159,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         worker_argv = [sys.executable, "-m", "worker", "--model", args.model, "--redis-url", redis_url]
         if args.device:
             worker_argv += ["--device", args.device]
+        if args.served_model_name:
+            worker_argv += ["--served-model-name", args.served_model_name]
         worker_argv += ["--metrics-port", "0"]
         print(f"inferq: loading {args.model} (first start converts the packaged model; progress below)")
         stack.start("worker", worker_argv, env)
@@ -171,6 +179,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"inferq: {exc}", file=sys.stderr)
         return 1
     finally:
+        # NOTE: the children run in their own sessions and never see the terminal's Ctrl-C: a second
+        # Ctrl-C (or SIGTERM) while they stop must kill them, not abandon them with an exception.
+        def kill_now(signum, frame) -> None:
+            stack.kill()
+
+        signal.signal(signal.SIGINT, kill_now)
+        signal.signal(signal.SIGTERM, kill_now)
         stack.stop()
 
 

@@ -108,6 +108,8 @@ async function send(text) {
   };
   const maxTokens = parseInt($("max-tokens").value, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
+  const temperature = parseFloat($("temperature").value);
+  if (temperature >= 0) body.temperature = temperature;
   setStats("waiting for the first token", { state: "waiting" });
 
   try {

@@ -86,6 +86,7 @@ def test_bad_messages_are_dead_lettered_and_the_worker_keeps_serving(redis_serve
         submit(client, keys, "out-of-vocab", prompt_token_ids=[1, 999_999])
         submit(client, keys, "too-long", prompt_token_ids=[5] * 300)
         submit(client, keys, "bad-temperature", prompt="Hello", params={"temperature": -1})
+        client.xadd(keys.requests, {"v": "1", "id": "foreign-stream", "prompt": "x", "result_stream": "elsewhere"})
         submit(client, keys, "good-2", prompt="World", params=good)
         submit(client, keys, "twice", prompt="Once", params={"max_tokens": 60, "ignore_eos": True})
         deadline = time.monotonic() + 30
@@ -105,6 +106,7 @@ def test_bad_messages_are_dead_lettered_and_the_worker_keeps_serving(redis_serve
                 "out-of-vocab",
                 "too-long",
                 "bad-temperature",
+                "foreign-stream",
                 "twice",
             ],
         )
@@ -115,7 +117,8 @@ def test_bad_messages_are_dead_lettered_and_the_worker_keeps_serving(redis_serve
     for _, fields in client.xrange(keys.dead):
         dead[fields[b"id"].decode()] = fields
     assert set(dead) == {
-        "no-version", "", "bad-json", "not-utf8", "out-of-vocab", "too-long", "bad-temperature", "twice"
+        "no-version", "", "bad-json", "not-utf8", "out-of-vocab", "too-long", "bad-temperature", "foreign-stream",
+        "twice",
     }  # fmt: skip
     assert "duplicate" in dead["twice"][b"reason"].decode()
     assert json.loads(dead["twice"][b"fields"])["prompt"] == "Twice"
@@ -130,7 +133,12 @@ def test_bad_messages_are_dead_lettered_and_the_worker_keeps_serving(redis_serve
     assert "outside the vocabulary" in reasons["out-of-vocab"]
     assert "max_model_len" in reasons["too-long"]
     assert "temperature must be >= 0" in reasons["bad-temperature"]
-    for request_id in ("no-version", "bad-json", "not-utf8", "out-of-vocab", "too-long", "bad-temperature"):
+    # A result stream outside the prefix's namespace is refused; the error goes to the default stream.
+    assert f"result_stream: must start with '{prefix}:result:'" in reasons["foreign-stream"]
+    assert not client.exists("elsewhere")
+    for request_id in (
+        "no-version", "bad-json", "not-utf8", "out-of-vocab", "too-long", "bad-temperature", "foreign-stream"
+    ):  # fmt: skip
         (event,) = results[request_id]
         assert event.type == "error" and event.error == reasons[request_id]
     assert client.xpending(keys.requests, keys.group)["pending"] == 0

@@ -1,0 +1,208 @@
+"""`inferq up` from a clean state: the one-command local stack serves the embedded SmolLM2 to the
+`openai` SDK and to the chat page in headless Chromium, then stops on Ctrl-C leaving no process.
+
+The tests share one `inferq up` (module scope) and run in file order; the last one stops it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.redis_server import free_port
+from tests.ship.chromium import HeadlessChromium
+from tests.ship.stack import REPO_ROOT, child_env, descendants, is_running
+
+ARTIFACTS = REPO_ROOT / "artifacts" / "ship"
+READY_TIMEOUT_S = 240.0  # converts the packaged GGUF into an empty HOME, then loads it
+
+
+def inferq_command() -> list[str]:
+    """The `inferq` console script of this environment (pip install -e .), else its module."""
+    script = Path(sys.executable).parent / "inferq"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "worker.cli"]
+
+
+@dataclass
+class UpProcess:
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+    children: dict[int, str] = field(default_factory=dict)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_up(home: Path, *flags: str) -> UpProcess:
+    """`inferq up` with HOME=home on a free port, once it says it is up (its children recorded)."""
+    port = free_port()
+    log_path = home / f"inferq-up-{port}.log"
+    argv = [*inferq_command(), "up", "--model", "default", "--device", "cpu", "--port", str(port), *flags]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, cwd=home, env=child_env(HOME=str(home)), stdout=log, stderr=subprocess.STDOUT)
+    up = UpProcess(process, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while "inferq is up" not in up.log_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_up(up)
+            raise RuntimeError(f"inferq up did not come up:\n{up.log_text()[-4000:]}")
+        time.sleep(0.25)
+    up.children = descendants(process.pid)
+    return up
+
+
+def stop_up(up: UpProcess) -> None:
+    """Teardown after a failed test: stop `inferq up`, then kill whatever it left (by pid)."""
+    if up.process.poll() is None:
+        up.process.send_signal(signal.SIGINT)
+        try:
+            up.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.process.kill()
+            up.process.wait()
+    for pid in up.children or descendants(up.process.pid):
+        if is_running(pid):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+
+
+@pytest.fixture(scope="module")
+def inferq_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    home = tmp_path_factory.mktemp("clean-home")  # no converted model, no Redis data: a first run
+    up = start_up(home)
+    try:
+        yield up
+    finally:
+        stop_up(up)
+
+
+def test_up_starts_redis_a_worker_and_the_api_and_says_how_to_call_it(inferq_up: UpProcess) -> None:
+    kinds = sorted(
+        "redis" if "redis-server" in cmd else "worker" if "-m worker" in cmd else "api" if "-m api" in cmd else cmd
+        for cmd in inferq_up.children.values()
+    )
+    assert kinds == ["api", "redis", "worker"], inferq_up.children
+    text = inferq_up.log_text()
+    assert f"inferq is up: {inferq_up.url}" in text
+    assert f"curl {inferq_up.url}/v1/chat/completions" in text
+    assert "from openai import OpenAI" in text
+    # From a clean HOME the packaged model was converted into it (the worker's cache), not found elsewhere.
+    home = inferq_up.log_path.parent
+    assert list((home / ".cache" / "inferq" / "models").glob("SmolLM2-135M-Instruct*")), "no conversion in HOME"
+    assert list((home / ".cache" / "inferq" / "redis").glob("appendonly*")), "the private Redis keeps its AOF"
+
+
+def test_openai_sdk_gets_a_real_answer(inferq_up: UpProcess) -> None:
+    client = OpenAI(base_url=f"{inferq_up.url}/v1", api_key="none", timeout=60, max_retries=0)
+    (model,) = [m.id for m in client.models.list().data]
+    assert model == "default"
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0,
+    )
+    answer = reply.choices[0].message.content
+    assert "Paris" in answer, answer
+    assert reply.usage.completion_tokens > 0 and reply.choices[0].finish_reason in ("stop", "length")
+
+    streamed = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Name three primary colors."}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+    )
+    pieces = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
+    assert len([p for p in pieces if p]) > 3 and re.search(r"[A-Za-z]{3}", "".join(pieces))
+
+
+def test_web_page_streams_an_answer_in_headless_chromium(inferq_up: UpProcess, tmp_path: Path) -> None:
+    page_html = httpx.get(f"{inferq_up.url}/", timeout=10)
+    assert page_html.status_code == 200 and "text/html" in page_html.headers["content-type"]
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    browser = HeadlessChromium(profile)
+    try:
+        page = browser.open(f"{inferq_up.url}/")
+        page.wait_for("document.getElementById('model')?.options.length > 0", 30)
+        assert page.evaluate("document.getElementById('model').value") == "default"
+        page.evaluate("document.getElementById('max-tokens').value = '48'")
+        page.evaluate("document.getElementById('temperature').value = '0'")  # greedy: a known answer
+        page.evaluate("document.getElementById('prompt').focus()")
+        # Record every text the answer bubble shows, as the DOM changes (each SSE chunk replaces it).
+        page.evaluate(
+            "window.seen = []; new MutationObserver((records) => records.forEach((r) => r.addedNodes.forEach("
+            "(n) => n.nodeType === Node.TEXT_NODE && window.seen.push(n.data)))).observe("
+            "document.getElementById('log'), {childList: true, subtree: true})"
+        )
+        page.type_text("What is the capital of France?")
+        page.press_enter()
+        bubble = "document.querySelector('.message.assistant')"
+        state = page.wait_for(f"(() => {{ const s = {bubble}?.dataset.state; return s !== 'streaming' && s; }})()", 60)
+        assert state == "done", page.evaluate("document.body.innerText")
+        seen = [text for text in page.evaluate("window.seen") if text]
+        assert len(seen) >= 3, f"the answer did not stream: {seen}"
+        assert all(later.startswith(earlier) for earlier, later in zip(seen, seen[1:])), seen
+
+        answer = page.evaluate(f"{bubble}.firstChild.textContent")
+        assert "Paris" in answer, answer
+        assert page.evaluate("document.querySelector('.message.user').textContent") == "What is the capital of France?"
+        stats = page.evaluate("(({textContent, dataset}) => ({text: textContent, ...dataset}))"
+                              "(document.getElementById('stats'))")  # fmt: skip
+        assert re.search(r"\d+ tokens · [\d.]+ tok/s · first token \d+ ms", stats["text"]), stats
+        assert int(stats["tokens"]) > 1 and float(stats["tps"]) > 0
+        png = page.screenshot(ARTIFACTS / "web-page.png")
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+        shutil.copy(ARTIFACTS / "web-page.png", tmp_path / "web-page.png")
+        page.close()
+    finally:
+        browser.stop()
+
+
+def test_ctrl_c_stops_everything(inferq_up: UpProcess) -> None:
+    assert inferq_up.children and all(is_running(pid) for pid in inferq_up.children)
+    inferq_up.process.send_signal(signal.SIGINT)
+    assert inferq_up.process.wait(timeout=60) == 0, inferq_up.log_text()[-3000:]
+    left = {pid: cmd for pid, cmd in inferq_up.children.items() if is_running(pid)}
+    assert left == {}, f"left behind: {left}"
+    port = int(inferq_up.url.rsplit(":", 1)[1])
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "the API port still answers"
+    assert "inferq: stopping" in inferq_up.log_text()
+
+
+def test_a_second_signal_while_stopping_kills_the_children_instead_of_abandoning_them(
+    inferq_up: UpProcess,
+) -> None:
+    """The impatient double Ctrl-C: the children run in their own sessions, so `inferq up` must end them."""
+    assert inferq_up.process.poll() is not None, "runs after test_ctrl_c_stops_everything"
+    up = start_up(inferq_up.log_path.parent, "--served-model-name", "smollm2")  # the converted model is reused
+    try:
+        assert [m["id"] for m in httpx.get(f"{up.url}/v1/models", timeout=10).json()["data"]] == ["smollm2"]
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a long story."}],
+                "max_tokens": 2000, "ignore_eos": True, "stream": True}  # fmt: skip
+        # A long generation in flight: the API and the worker would each take seconds to drain it.
+        with httpx.stream("POST", f"{up.url}/v1/chat/completions", json=body, timeout=30) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())
+            up.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            up.process.send_signal(signal.SIGTERM)
+            up.process.wait(timeout=30)
+        left = {pid: cmd for pid, cmd in up.children.items() if is_running(pid)}
+        assert left == {}, f"left behind: {left}"
+    finally:
+        stop_up(up)
