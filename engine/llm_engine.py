@@ -20,7 +20,13 @@ from engine.outputs import EngineStats, RequestOutput, StepRecord
 from engine.request import FinishReason, Request
 from engine.sampling_params import MAX_SEED, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.tokenizer import apply_chat_template, eos_token_ids, load_generation_config, load_tokenizer
+from engine.tokenizer import (
+    apply_chat_template,
+    eos_token_ids,
+    fast_decoder,
+    load_generation_config,
+    load_tokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,7 @@ class LLMEngine:
         self.max_model_len = loaded.max_model_len
         self.vocab_size = int(self.hf_config.vocab_size)
         self.tokenizer = load_tokenizer(self.model_dir)
+        self._token_decoder = fast_decoder(self.tokenizer)
         generation_config = load_generation_config(self.model_dir)
         self.eos_token_ids = frozenset(eos_token_ids(self.hf_config, generation_config, self.tokenizer))
         sched = config.scheduler
@@ -77,6 +84,9 @@ class LLMEngine:
             gpu_memory_utilization=config.cache.gpu_memory_utilization,
             max_num_batched_tokens=sched.max_num_batched_tokens,
             max_num_seqs=sched.max_num_seqs,
+            max_model_len=self.max_model_len,
+            # NOTE: the torch-reference kernels read sequence lengths on the host, which a graph would freeze.
+            cuda_graphs=not config.enforce_eager and config.kernels != "torch",
         )
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
@@ -150,7 +160,7 @@ class LLMEngine:
             )
             self.requests[internal_id] = request
             self._detokenizers[internal_id] = IncrementalDetokenizer(
-                self.tokenizer, request.prompt_token_ids, params.stop, params.skip_special_tokens
+                self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
             self.scheduler.add_request(request)
             ids.append(internal_id)

@@ -1,7 +1,13 @@
-"""Runs one scheduler decision through the model: builds the flat batch, calls the
-model, picks the last position of each sampling request, samples.
+"""Runs one scheduler decision through the model: stages the flat batch in pinned buffers,
+runs the model (a CUDA graph for decode steps on the GPU), picks the last position of each
+sampling request, samples.
 
-Legend: T = tokens scheduled in the step, S = sequences, M = max blocks per sequence.
+Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
+
+Per step the host does: one pass over the scheduled items into numpy views of pinned
+buffers (engine/input_batch.py), two non-blocking copies, one graph replay or eager
+forward, the LM head and sampling launches, and ONE device sync (the sampled tokens'
+`.tolist()`) for plain greedy batches.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.cuda_graphs import DecodeGraphs
+from engine.input_batch import InputBatch
 from engine.kv_cache import (
     DEFAULT_CPU_KV_TOKENS,
     KVCacheSpec,
@@ -22,6 +30,7 @@ from engine.kv_cache import (
 from engine.request import Logprob, Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
+from engine.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +46,7 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    """Owns the model, the KV pool and the sampler on one device.
+    """Owns the model, the KV pool, the step's input buffers, the decode graphs and the sampler.
 
     Args:
         model: a model with the interface of engine/models (forward, compute_logits,
@@ -48,7 +57,10 @@ class ModelRunner:
         num_kv_tokens: pool size in tokens; None sizes it from free GPU memory (CUDA)
             or takes DEFAULT_CPU_KV_TOKENS (CPU).
         gpu_memory_utilization: see CacheConfig.
-        max_num_batched_tokens, max_num_seqs: the largest step, for the warm-up.
+        max_num_batched_tokens, max_num_seqs: the largest step (buffers, warm-up, graph buckets).
+        max_model_len: the longest sequence (block-table width); None allows the whole pool.
+        cuda_graphs: capture decode CUDA graphs at start (CUDA only; the caller turns it off for
+            enforce_eager and for the torch-reference kernels, which read lengths on the host).
     """
 
     def __init__(
@@ -61,6 +73,9 @@ class ModelRunner:
         gpu_memory_utilization: float,
         max_num_batched_tokens: int,
         max_num_seqs: int,
+        *,
+        max_model_len: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         self.device = device
@@ -74,6 +89,25 @@ class ModelRunner:
             self.num_blocks = num_blocks_for_tokens(num_kv_tokens or DEFAULT_CPU_KV_TOKENS, block_size)
         self.kv_cache = allocate_kv_cache(self.spec, self.num_blocks, device)
         self.kv_caches = list(self.kv_cache.unbind(0))  # per layer [2, N, B, Hkv, D]
+        width = self.num_blocks if max_model_len is None else -(-max_model_len // block_size)
+        self.max_decode_batch = min(max_num_seqs, max_num_batched_tokens)
+        self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device)
+        self.graphs: DecodeGraphs | None = None
+        self.timer: StepTimer | None = None  # benchmarks set one to time each step
+        if cuda_graphs and device.type == "cuda":
+            self.enable_decode_graphs(capture=True)
+
+    def enable_decode_graphs(self, capture: bool) -> None:
+        """Pads decode steps to buckets over static buffers; capture=True records CUDA graphs.
+
+        capture=False (any device) runs the same padded forward eagerly: how CPU tests check
+        the bucketing and padding that the graphs rely on.
+        """
+        self.graphs = DecodeGraphs(self._forward, self.inputs, self.max_decode_batch, capture=capture)
+        self.graphs.capture_all()
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, self.kv_caches, meta)
 
     # ---- warm-up --------------------------------------------------------
     @torch.inference_mode()
@@ -97,69 +131,103 @@ class ModelRunner:
 
     def _prefill_metadata(self, lens: list[int]) -> tuple[AttentionMetadata, torch.Tensor]:
         """Metadata for fresh sequences laid out one after another in the pool (warm-up only)."""
-        slots, tables, positions = [], [], []
+        slots, tables, positions, starts = [], [], [], [0]
         next_block = 0
-        max_blocks = max(num_blocks_for_tokens(n + self.block_size - 1, self.block_size) for n in lens)
+        max_blocks = max(-(-n // self.block_size) for n in lens)
         for n in lens:
             blocks = list(range(next_block, next_block + -(-n // self.block_size)))
             next_block += len(blocks)
             tables.append(blocks + [0] * (max_blocks - len(blocks)))
             slots.extend(blocks[p // self.block_size] * self.block_size + p % self.block_size for p in range(n))
             positions.extend(range(n))
-        return self._metadata(slots, tables, lens, lens), torch.tensor(positions, device=self.device)
+            starts.append(starts[-1] + n)
+
+        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        meta = AttentionMetadata(
+            slot_mapping=tensor(slots, torch.int64),
+            block_tables=tensor(tables, torch.int32),
+            seq_lens=tensor(lens, torch.int32),
+            query_start_loc=tensor(starts, torch.int32),
+            max_query_len=max(lens),
+            max_seq_len=max(lens),
+            seq_lens_cpu=lens,
+            query_lens_cpu=lens,
+        )
+        return meta, tensor(positions, torch.int64)
 
     # ---- one step -------------------------------------------------------
-    def _metadata(
-        self, slots: list[int], tables: list[list[int]], seq_lens: list[int], query_lens: list[int]
-    ) -> AttentionMetadata:
-        device = self.device
-        starts = [0]
-        for n in query_lens:
-            starts.append(starts[-1] + n)
-        return AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            seq_lens_cpu=seq_lens,
-            query_lens_cpu=query_lens,
-        )
-
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Runs the step's forward pass and samples for requests that reach their end."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens: list[int] = []
-        query_lens: list[int] = []
-        logits_rows: list[int] = []
-        sampling: list[Request] = []
-        max_blocks = max(len(s.block_ids) for s in sched.scheduled)
-        tables: list[list[int]] = []
-        bs = self.block_size
-        for item in sched.scheduled:
-            start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
-            input_ids.extend(item.request.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            blocks = item.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            tables.append(blocks + [0] * (max_blocks - len(blocks)))
-            seq_lens.append(end)
-            query_lens.append(item.num_new_tokens)
-            if item.samples:
-                logits_rows.append(len(input_ids) - 1)
-                sampling.append(item.request)
+        try:
+            return self._execute(sched)
+        except BaseException:
+            self.inputs.invalidate_tables()  # the device's block table may not hold what the host recorded
+            raise
 
-        meta = self._metadata(slots, tables, seq_lens, query_lens)
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        hidden = self.model(ids, pos, self.kv_caches, meta)  # [T, H]
-        if not sampling:
+    @torch.inference_mode()
+    def _execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        timer = self.timer
+        if timer is not None:
+            timer.begin()
+        items = sched.scheduled
+        num_tokens = sched.num_scheduled_tokens
+        bucket = None
+        if self.graphs is not None and num_tokens == len(items):
+            bucket = self.graphs.bucket_for(len(items))
+        step = self.inputs.prepare(items, num_tokens, pad_to=bucket)
+        if timer is not None:
+            timer.launching()
+        if bucket is not None:
+            hidden = self.graphs.run(bucket)  # [bucket, H], rows past num_seqs are padding
+        else:
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)  # [T, H]
+        requests = [items[i].request for i in step.sampling]
+        if not requests:
+            if timer is not None:
+                timer.before_wait()
+                timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
             return ModelRunnerOutput([], [], [], [])
-        rows = torch.tensor(logits_rows, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden[rows])  # [S, V] float32
-        out = self.sampler(logits, sampling)
-        return ModelRunnerOutput(sampling, out.token_ids, out.logprobs, out.errors)
+        rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
+        logits = self.model.compute_logits(rows)  # [S, V] float32
+        if all(map(_is_plain_greedy, requests)):
+            token_ids, errors = self._sample_greedy(logits, requests)
+            logprobs: list[Logprob | None] = [None] * len(requests)
+        else:
+            if timer is not None:
+                timer.before_wait()
+            out = self.sampler(logits, requests)
+            token_ids, logprobs, errors = out.token_ids, out.logprobs, out.errors
+        if timer is not None:
+            timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
+        return ModelRunnerOutput(requests, token_ids, logprobs, errors)
+
+    def _sample_greedy(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], list[str | None]]:
+        """The Sampler's result for plain greedy rows, with one host sync instead of three.
+
+        NOTE: a row is non-finite iff its sum is (a NaN or an infinity anywhere makes the sum
+        non-finite; finite fp32 logits of any real model are far from overflowing it).
+        """
+        token_ids = logits.argmax(dim=-1)  # [S]
+        finite = torch.isfinite(logits.sum(dim=-1))  # [S]
+        packed = torch.stack((token_ids, finite.to(torch.int64)))  # [2, S]
+        if self.timer is not None:
+            self.timer.before_wait()
+        tokens, ok = packed.tolist()  # the step's one sync
+        errors = [None if good else f"non-finite logits at position {r.num_tokens}" for r, good in zip(requests, ok)]
+        return tokens, errors
+
+
+def _is_plain_greedy(request: Request) -> bool:
+    """Greedy with nothing that changes the logits first (penalties, bias, min_tokens) and no logprobs."""
+    p = request.sampling_params
+    return (
+        p.temperature == 0.0
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and not p.logit_bias
+        and request.num_output_tokens >= p.min_tokens
+    )

@@ -68,3 +68,32 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding from older signatures
         ids = ids["input_ids"]
     return [int(i) for i in ids]
+
+
+class _BackendDecoder:
+    """`decode` straight from the Rust tokenizer: what a transformers fast tokenizer's decode does
+    when it has no clean-up step, without its per-call Python wrapper (measured: the engine's
+    detokenizers took 10 ms of host time per step at 256 sequences through tokenizer.decode,
+    3.6 ms through this)."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def fast_decoder(tokenizer: Any) -> Any:
+    """The tokenizer itself, or a _BackendDecoder where that gives the same text."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: keep its decode
+        return tokenizer
+    same_decode = (
+        isinstance(tokenizer, TokenizersBackend)
+        and type(tokenizer).decode is PreTrainedTokenizerBase.decode
+        and type(tokenizer)._decode is TokenizersBackend._decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
+    return _BackendDecoder(tokenizer._tokenizer) if same_decode else tokenizer

@@ -1,0 +1,270 @@
+"""Batch-1 decode latency of the engine (BENCHMARKS.md): a 128-token prompt, 512 new
+tokens, greedy, ignore_eos, random bf16 weights; CUDA graphs on and off; transformers'
+eager `generate` on the same shape in the same run; the floor from the measured read
+bandwidth.
+
+    python -m bench.decode_latency                 # on a CUDA GPU, from the repo root
+    python -m bench.decode_latency --dry-run       # CPU: a tiny shape, code paths only
+
+Per model it reports ms/token over the decode steps (wall clock of `LLMEngine.step`, so the
+host's per-step work counts), the floor (bytes per token / read bandwidth, bench/roofline.py)
+and the fraction of it reached, and per step: host time (staging, launches, scheduler,
+detokenizer), host time blocked on the GPU, and GPU time (CUDA events). A profile of a few
+eager steps splits GPU time by kernel kind. Writes engine_decode_latency.{json,md} into $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+MODELS = ("Llama-3.2-1B", "Llama-3.1-8B")
+PROMPT_LEN, NEW_TOKENS = 128, 512
+HF_TOKENS = (8, 40)  # transformers is timed at two output lengths; ms/token is the slope
+STEM = "engine_decode_latency"
+
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, few tokens")
+    parser.add_argument("--skip-hf", action="store_true", help="leave out the transformers peer")
+    return parser.parse_args(argv)
+
+
+def _engine(directory: Path, device, dry_run: bool):
+    from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from engine.llm_engine import LLMEngine
+
+    dtype = "float32" if dry_run else "bfloat16"
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model=str(directory), dtype=dtype, load_format="dummy", max_model_len=1024),
+            # NOTE: no prefix caching: every measured request prefills its whole prompt, as a fresh one would.
+            cache=CacheConfig(num_kv_tokens=8192, enable_prefix_caching=False),
+            scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=1024),
+            device=device.type,
+        )
+    )
+
+
+def _run_request(engine, prompt: list[int], new_tokens: int) -> list[float]:
+    """Runs one greedy request to the end; returns the wall-clock end time of every step."""
+    from engine.sampling_params import SamplingParams
+
+    engine.add_request("bench", prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
+    ends = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        ends.append(time.perf_counter())
+    return ends
+
+
+def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) -> dict:
+    from bench.engine_common import median
+    from engine.step_timer import StepTimer
+
+    runner = engine.runner
+    if runner.graphs is not None:
+        runner.graphs.enabled = graphs
+    _run_request(engine, prompt, 16)  # warm-up of this mode
+    start = time.perf_counter()
+    ends = _run_request(engine, prompt, new_tokens)  # timed without the step timer's events
+    step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
+    runner.timer = StepTimer(engine.device)
+    _run_request(engine, prompt, min(new_tokens, 128))  # per-step host / GPU split
+    decode, runner.timer = runner.timer.records[1:], None  # the first step is the prefill
+    return {
+        "graphs": graphs and runner.graphs is not None,
+        "ttft_ms": (ends[0] - start) * 1e3,
+        "ms_per_token": (ends[-1] - ends[0]) * 1e3 / (len(ends) - 1),
+        "step_ms_median": median(step_ms),
+        "host_ms_median": median([r.host_s * 1e3 for r in decode]),
+        "wait_ms_median": median([r.wait_s * 1e3 for r in decode]),
+        "gpu_ms_median": median([r.gpu_ms for r in decode]),
+        "graphed_steps": sum(r.graphed for r in decode),
+        "timed_steps": len(decode),
+    }
+
+
+def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
+    """GPU time of a few eager decode steps by kernel kind (torch.profiler), in us per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.sampling_params import SamplingParams
+
+    if engine.runner.graphs is not None:
+        engine.runner.graphs.enabled = False
+    engine.add_request("profile", prompt, SamplingParams(temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
+    engine.step()  # prefill, outside the profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        while engine.has_unfinished_requests():
+            engine.step()
+    kinds = {"gemm": 0.0, "attention": 0.0, "norm": 0.0, "rope": 0.0, "kv_store": 0.0, "silu_mul": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        kinds[_kernel_kind(event.key)] += us / num_steps
+    return {k: round(v, 1) for k, v in kinds.items()}
+
+
+def _kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for needle, kind in (("gemm", "gemm"), ("gemv", "gemm"), ("cutlass", "gemm"), ("nvjet", "gemm"),
+                         ("decode", "attention"), ("combine", "attention"), ("rms", "norm"), ("rope", "rope"),
+                         ("store_kv", "kv_store"), ("silu", "silu_mul")):  # fmt: skip
+        if needle in lowered:
+            return kind
+    return "other"
+
+
+def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
+    import torch
+
+    from bench.engine_common import free_device_memory, hf_model, synchronize
+
+    model = hf_model(directory, device, dtype)
+    ids = torch.tensor([prompt], device=device)
+    times = {}
+    with torch.inference_mode():
+        for n in (HF_TOKENS[0],) + HF_TOKENS:  # the first run warms up
+            synchronize(device)
+            start = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
+            synchronize(device)
+            times[n] = time.perf_counter() - start
+    del model
+    free_device_memory(device)
+    short, long = HF_TOKENS
+    return {"hf_ms_per_token": (times[long] - times[short]) * 1e3 / (long - short), "hf_tokens_timed": list(HF_TOKENS)}
+
+
+def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: bool) -> dict:
+    import torch
+
+    from bench.engine_common import free_device_memory, model_dir, vocab_size_of
+    from bench.roofline import ModelCosts, decode_token_floor
+
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    new_tokens = 24 if dry_run else NEW_TOKENS
+    directory = model_dir(name, tiny=dry_run)
+    rng = random.Random(0)
+    prompt = [rng.randrange(0, vocab_size_of(directory)) for _ in range(PROMPT_LEN)]
+    row: dict = {"model": name, "prompt_len": PROMPT_LEN, "new_tokens": new_tokens}
+    if not skip_hf:
+        row.update(_measure_hf(directory, device, dtype, prompt))
+    engine_probe = _engine(directory, device, dry_run)
+    costs = ModelCosts.from_model(engine_probe.model, engine_probe.hf_config)
+    row["costs"] = costs.as_dict()
+    row["graphs_on"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=True)
+    row["graphs_off"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=False)
+    if device.type == "cuda":
+        row["eager_profile_us_per_step"] = _profile_eager_steps(engine_probe, prompt)
+    mean_context = PROMPT_LEN + (new_tokens - 1) / 2
+    floor_s = decode_token_floor(costs, mean_context, ceilings["read_gbps"], ceilings["matmul_tflops"])
+    row["floor_ms_per_token"] = floor_s * 1e3
+    for mode in ("graphs_on", "graphs_off"):
+        row[mode]["frac_of_floor"] = row["floor_ms_per_token"] / row[mode]["ms_per_token"]
+        # BENCHMARKS.md's convention: every parameter byte (the input embedding too) per token
+        row[mode]["weight_read_gbps"] = costs.all_param_bytes / (row[mode]["ms_per_token"] * 1e6)
+        row[mode]["frac_read_bw_all_params"] = row[mode]["weight_read_gbps"] / ceilings["read_gbps"]
+    if "hf_ms_per_token" in row:
+        row["speedup_vs_hf"] = row["hf_ms_per_token"] / row["graphs_on"]["ms_per_token"]
+    del engine_probe
+    free_device_memory(device)
+    return row
+
+
+GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
+
+
+def markdown(results: dict) -> str:
+    from bench.engine_common import header, table
+
+    rows = []
+    for name, r in results["models"].items():
+        if "error" in r:
+            rows.append({"model": name, "mode": f"error: {r['error']}"})
+            continue
+        for mode, label in (("graphs_on", "inferq, CUDA graphs"), ("graphs_off", "inferq, eager")):
+            m = r[mode]
+            rows.append({"model": name, "mode": label, "ms": m["ms_per_token"], "floor": r["floor_ms_per_token"],
+                         "frac": m["frac_of_floor"], "bw": m["frac_read_bw_all_params"], "step": m["step_ms_median"],
+                         "gpu": m["gpu_ms_median"], "host": m["host_ms_median"],
+                         "goal": GOALS_MS.get(name)})  # fmt: skip
+        if "hf_ms_per_token" in r:
+            hf_ms = r["hf_ms_per_token"]
+            rows.append({"model": name, "mode": "transformers eager generate", "ms": hf_ms,
+                         "floor": r["floor_ms_per_token"], "frac": r["floor_ms_per_token"] / hf_ms})  # fmt: skip
+    parts = header(results, "inferq batch-1 decode latency") + [
+        "",
+        f"Batch 1, {PROMPT_LEN}-token prompt, {NEW_TOKENS} new tokens, greedy, ignore_eos, random bf16 weights "
+        "(load_format dummy). ms/token: wall clock of `LLMEngine.step` over the decode steps (host work included). "
+        "Floor: (streamed weights + K/V read) / read bandwidth at the mean context (bench/roofline.py). "
+        "'of read BW': every parameter byte per token over the read bandwidth (BENCHMARKS.md's convention). "
+        "Per step medians (a 128-token run with the step timer on): wall, GPU (CUDA events from the forward's "
+        "launch, batch already staged, to the last sampling kernel) and host time before the step's one sync "
+        "(in graph mode it overlaps the GPU once the replay is launched). transformers: `generate` eager, "
+        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens.",
+        "",
+        table(
+            rows,
+            [
+                ("model", "model", ""),
+                ("mode", "engine", ""),
+                ("ms", "ms/token", ".3f"),
+                ("goal", "goal ms", ".1f"),
+                ("floor", "floor ms", ".3f"),
+                ("frac", "of floor", ".0%"),
+                ("bw", "of read BW", ".0%"),
+                ("step", "step ms", ".3f"),
+                ("gpu", "GPU ms", ".3f"),
+                ("host", "host ms", ".3f"),
+            ],
+        ),  # fmt: skip
+    ]
+    profiles = [(n, r["eager_profile_us_per_step"]) for n, r in results["models"].items()
+                if "eager_profile_us_per_step" in r]  # fmt: skip
+    if profiles:
+        kinds = list(profiles[0][1])
+        parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us):", "",
+                  table([{"model": n, **p} for n, p in profiles], [("model", "model", "")] +
+                        [(k, k, ".0f") for k in kinds])]  # fmt: skip
+    return "\n".join(parts) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = _parse_args(argv)
+    import torch
+
+    from bench.engine_common import ceilings, environment, write_results
+    from bench.roofline import check_arithmetic
+
+    check_arithmetic()
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    results: dict = {"meta": environment(device), "ceilings": ceilings(device, args.dry_run), "models": {}}
+    print(f"[decode] {results['meta']} {results['ceilings']}", flush=True)
+    out = Path(args.out)
+    for name in [m for m in args.models.split(",") if m]:
+        try:
+            results["models"][name] = measure_model(name, device, results["ceilings"], args.dry_run, args.skip_hf)
+        except Exception as exc:  # keep the other model's figures; the error goes into the report
+            import traceback
+
+            traceback.print_exc()
+            results["models"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"[decode] {name}: {results['models'][name]}", flush=True)
+        write_results(out, STEM, results, markdown(results))
+    print(markdown(results), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,155 @@
+"""What the engine benchmarks share: the environment record, the ceilings, model directories
+with random weights, the transformers peer, and writing results.
+
+Model shapes come from bench/configs/<name>/config.json. The engine builds them with random
+weights (load_format "dummy"); their directory gets a synthetic word-level tokenizer of the
+config's vocabulary size, so the engine detokenizes every token as it would a real model's
+(the benchmarks use random token ids, which a real tokenizer of another vocabulary could not
+decode).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+    import triton
+
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(gpu=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        meta.update(gpu="none (CPU dry run: code paths only, figures meaningless)")
+    return meta
+
+
+def ceilings(device: torch.device, dry_run: bool) -> dict:
+    """Read bandwidth (large reduction) and bf16 matmul rate, measured now (bench/kernel_timing.py)."""
+    from bench.kernel_timing import Bench, measure_ceilings
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+    return measure_ceilings(Bench(device=device, dry_run=dry_run, l2_bytes=l2))
+
+
+# A dry run's stand-in for any shape: the same architecture, tiny (CPU, code paths only).
+TINY_OVERRIDES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+}
+
+
+def model_dir(name: str, tiny: bool = False) -> Path:
+    """A directory with bench/configs/<name>/config.json (shrunk when tiny) and a synthetic
+    word-level tokenizer of its vocabulary."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    source = CONFIGS / name / "config.json"
+    if not source.is_file():
+        raise SystemExit(f"no config {source}; known: {sorted(p.name for p in CONFIGS.iterdir())}")
+    config = json.loads(source.read_text())
+    if tiny:
+        config.update({k: v for k, v in TINY_OVERRIDES.items() if k in config or k == "head_dim"})
+    out = Path(tempfile.mkdtemp(prefix=f"inferq-{name}-"))
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    vocab_size = int(config["vocab_size"])
+    tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    return out
+
+
+def vocab_size_of(directory: Path) -> int:
+    return int(json.loads((directory / "config.json").read_text())["vocab_size"])
+
+
+def hf_model(directory: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' model of the shape in `directory` with random weights (its own init), eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(directory))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def free_device_memory(device: torch.device) -> None:
+    """After a peer ran: give its memory back and forget its peak (the engine sizes its KV pool from the peak)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown table; columns are (key, header, format spec); missing values print '-'."""
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for key, _, spec in columns:
+            value = row.get(key)
+            cells.append("-" if value is None else format(value, spec) if spec else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(out: Path, stem: str, results: dict, markdown: str) -> None:
+    """JSON and markdown, rewritten after every model so that a cut-off run keeps what it measured."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+
+
+def header(results: dict, title: str) -> list[str]:
+    meta, ceil = results["meta"], results["ceilings"]
+    return [
+        f"# {title}",
+        "",
+        f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
+        f"transformers {meta['transformers']} · python {meta['python']}",
+        "",
+        f"Ceilings measured in the same run: read bandwidth {ceil['read_gbps']:.0f} GB/s (large reduction), "
+        f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s.",
+    ]

@@ -1,0 +1,108 @@
+"""PNG charts of committed engine benchmark results (matplotlib).
+
+    python -m bench.plot --results bench/results/h100 [--out bench/results/h100]
+
+Reads engine_decode_latency.json and engine_offline_throughput.json where present and writes
+engine_decode_latency.png (ms/token: inferq with and without CUDA graphs, transformers, the
+floor and the goal) and engine_offline_throughput.png (output tok/s: inferq, the roofline,
+transformers measured on its subset and extrapolated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DECODE_GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
+
+
+def _subtitle(results: dict) -> str:
+    meta = results["meta"]
+    return f"{meta['gpu']} · {meta['date'][:10]} · torch {meta['torch']} · triton {meta['triton']}"
+
+
+def _bars(ax, groups: list[str], series: list[tuple[str, list[float | None]]], unit: str) -> None:
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        heights = [v if v is not None else 0.0 for v in values]
+        bars = ax.bar(xs, heights, width, label=label)
+        for bar, value in zip(bars, values, strict=True):
+            if value is not None:
+                label = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+                ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)  # fmt: skip
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(unit)
+    ax.legend(fontsize=8)
+
+
+def plot_decode(results: dict, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    models = [m for m, r in results["models"].items() if "error" not in r]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = [
+        ("inferq, CUDA graphs", [results["models"][m]["graphs_on"]["ms_per_token"] for m in models]),
+        ("inferq, eager", [results["models"][m]["graphs_off"]["ms_per_token"] for m in models]),
+        ("floor (read BW)", [results["models"][m]["floor_ms_per_token"] for m in models]),
+        ("goal", [DECODE_GOALS_MS.get(m) for m in models]),
+    ]
+    if all("hf_ms_per_token" in results["models"][m] for m in models):
+        series.insert(2, ("transformers eager", [results["models"][m]["hf_ms_per_token"] for m in models]))
+    _bars(ax, models, series, "ms per token (lower is better)")
+    ax.set_yscale("log")
+    ax.set_title(f"Batch-1 decode latency, 128-token prompt, 512 new tokens\n{_subtitle(results)}", fontsize=9)
+    fig.tight_layout()
+    path = out / "engine_decode_latency.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_offline(results: dict, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    models = [m for m, r in results["models"].items() if "error" not in r]
+    rows = [results["models"][m] for m in models]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = [
+        ("inferq", [r["output_tok_s"] for r in rows]),
+        ("roofline", [r["output_tokens"] / r["roofline"]["floor_s"] for r in rows]),
+    ]
+    if all("hf_subset_output_tok_s" in r for r in rows):
+        series.append(("transformers (64-seq subset)", [r["hf_subset_output_tok_s"] for r in rows]))
+        series.append(("transformers (extrapolated)", [r["hf_extrapolated_output_tok_s"] for r in rows]))
+    _bars(ax, models, series, "output tokens / s (higher is better)")
+    ax.set_yscale("log")
+    ax.set_title(f"Offline throughput, 256 sequences, lengths uniform in [100, 1024]\n{_subtitle(results)}", fontsize=9)
+    fig.tight_layout()
+    path = out / "engine_offline_throughput.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=Path("bench/results/h100"))
+    parser.add_argument("--out", type=Path, default=None, help="default: the results folder")
+    args = parser.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = args.out or args.results
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, plot in (("engine_decode_latency", plot_decode), ("engine_offline_throughput", plot_offline)):
+        source = args.results / f"{stem}.json"
+        if source.is_file():
+            written.append(plot(json.loads(source.read_text()), out))
+    print("wrote", [str(p) for p in written])
+    return written
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

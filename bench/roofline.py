@@ -1,0 +1,179 @@
+"""The floor of a workload: bytes and FLOPs of each step it needs, against the ceilings.
+
+For one forward step over a batch:
+
+    bytes = W + kv * (sum of context lengths read + new tokens written)
+    flops = 2 * P * T + 2 * V * H * R + 4 * L * Hq * D * (sum over new tokens of the keys each attends to)
+    time  = max(bytes / read_bandwidth, flops / matmul_rate)
+
+where W = weight bytes streamed per step (every parameter except the input embedding table of an
+untied model, of which a step reads only its tokens' rows; a tied table counts once, as the LM
+head), kv = K + V bytes of one token over all layers, P = parameters of the per-token projections
+(all but the embedding table and the LM head), T = new tokens, R = rows that sample, V x H = the
+LM head, L = layers, Hq = query heads, D = head dim. Activations are left out (a few MB per
+step against GBs of weights and K/V).
+
+The workload's floor is the sum over the steps it needs, on the ideal schedule: every prompt
+prefilled first, packed into steps of at most `max_num_batched_tokens` tokens (a prompt may be
+split across steps; the step that ends a prompt samples its first output token), then one
+decode step per further output token, each over every sequence that still needs one. A
+sequence of prompt p and output o needs o - 1 decode steps; in decode step k (k = 1, 2, ...) it
+reads p + k - 1 cached tokens plus the one it writes (p + k keys).
+
+Batch-1 decode uses the same per-step formula with T = R = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """Per-step cost coefficients of one model (see the module docstring for the symbols)."""
+
+    weight_bytes: int  # W
+    all_param_bytes: int  # every parameter once (BENCHMARKS.md's "weights" figures)
+    projection_params: int  # P
+    lm_head_params: int  # V * H
+    kv_bytes_per_token: int  # kv
+    attention_flops_per_key: int  # 4 * L * Hq * D
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, hf_config: Any) -> ModelCosts:
+        """From an engine model (engine/models) and its transformers config."""
+        params = dict(model.named_parameters())  # tied tensors appear once
+        itemsize = next(iter(params.values())).element_size()
+        total = sum(p.numel() for p in params.values())
+        embed = sum(p.numel() for name, p in params.items() if "embed_tokens" in name or name.endswith("wte.weight"))
+        vocab, hidden = int(hf_config.vocab_size), int(getattr(hf_config, "hidden_size", 0) or hf_config.n_embd)
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        layers, heads, head_dim = model.num_layers, model.num_kv_heads, model.head_dim
+        q_heads = int(getattr(hf_config, "num_attention_heads", 0) or hf_config.n_head)
+        return cls(
+            weight_bytes=(total - (0 if tied else embed)) * itemsize,
+            all_param_bytes=total * itemsize,
+            projection_params=total - embed - (0 if tied else vocab * hidden),
+            lm_head_params=vocab * hidden,
+            kv_bytes_per_token=2 * layers * heads * head_dim * itemsize,
+            attention_flops_per_key=4 * layers * q_heads * head_dim,
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def step_cost(
+    costs: ModelCosts, new_tokens: int, sampled_rows: int, keys_read: float, keys_attended: float
+) -> tuple[float, float]:
+    """(bytes, flops) of one step.
+
+    Args:
+        new_tokens: T.
+        sampled_rows: R.
+        keys_read: cached tokens whose K/V the step reads (sum over sequences).
+        keys_attended: sum over new tokens of the keys each attends to (itself included).
+    """
+    nbytes = costs.weight_bytes + costs.kv_bytes_per_token * (keys_read + new_tokens)
+    flops = (
+        2 * costs.projection_params * new_tokens
+        + 2 * costs.lm_head_params * sampled_rows
+        + costs.attention_flops_per_key * keys_attended
+    )
+    return float(nbytes), float(flops)
+
+
+def step_seconds(nbytes: float, flops: float, read_gbps: float, matmul_tflops: float) -> float:
+    return max(nbytes / (read_gbps * 1e9), flops / (matmul_tflops * 1e12))
+
+
+def workload_floor(
+    costs: ModelCosts,
+    prompt_lens: list[int],
+    output_lens: list[int],
+    max_num_batched_tokens: int,
+    read_gbps: float,
+    matmul_tflops: float,
+) -> dict:
+    """The workload's floor on the ideal schedule (module docstring): seconds and its parts."""
+    prefill_s = prefill_bytes = prefill_flops = 0.0
+    budget, step = max_num_batched_tokens, [0.0, 0.0, 0.0, 0.0]  # tokens, rows, keys read, keys attended
+    num_prefill_steps = 0
+
+    def close_step() -> None:
+        nonlocal prefill_s, prefill_bytes, prefill_flops, num_prefill_steps
+        nbytes, flops = step_cost(costs, int(step[0]), int(step[1]), step[2], step[3])
+        prefill_s += step_seconds(nbytes, flops, read_gbps, matmul_tflops)
+        prefill_bytes += nbytes
+        prefill_flops += flops
+        num_prefill_steps += 1
+
+    for p in prompt_lens:
+        done = 0
+        while done < p:
+            take = min(p - done, budget - int(step[0]))
+            # chunk [done, done + take): reads `done` cached keys; token i attends to i + 1 keys
+            step[0] += take
+            step[2] += done
+            step[3] += take * done + take * (take + 1) / 2
+            done += take
+            if done == p:
+                step[1] += 1
+            if step[0] >= budget:
+                close_step()
+                step = [0.0, 0.0, 0.0, 0.0]
+    if step[0]:
+        close_step()
+
+    prompts = np.asarray(prompt_lens, dtype=np.float64)
+    outputs = np.asarray(output_lens, dtype=np.int64)
+    decode_s = decode_bytes = decode_flops = 0.0
+    num_decode_steps = int(outputs.max()) - 1 if len(outputs) else 0
+    for k in range(1, num_decode_steps + 1):
+        active = outputs > k
+        batch = int(active.sum())
+        keys = float((prompts[active] + k).sum())  # p + k keys attended; p + k - 1 of them read from the cache
+        nbytes, flops = step_cost(costs, batch, batch, keys - batch, keys)
+        decode_s += step_seconds(nbytes, flops, read_gbps, matmul_tflops)
+        decode_bytes += nbytes
+        decode_flops += flops
+    return {
+        "floor_s": prefill_s + decode_s,
+        "prefill_floor_s": prefill_s,
+        "decode_floor_s": decode_s,
+        "num_prefill_steps": num_prefill_steps,
+        "num_decode_steps": num_decode_steps,
+        "bytes": prefill_bytes + decode_bytes,
+        "flops": prefill_flops + decode_flops,
+    }
+
+
+def decode_token_floor(costs: ModelCosts, context_len: float, read_gbps: float, matmul_tflops: float) -> float:
+    """Seconds of one batch-1 decode step reading `context_len` cached tokens."""
+    nbytes, flops = step_cost(costs, 1, 1, context_len, context_len + 1)
+    return step_seconds(nbytes, flops, read_gbps, matmul_tflops)
+
+
+def check_arithmetic() -> None:
+    """Hand-computed cases of the formulas above (runs at the start of every benchmark)."""
+    costs = ModelCosts(
+        weight_bytes=1000,
+        all_param_bytes=1200,
+        projection_params=10,
+        lm_head_params=5,
+        kv_bytes_per_token=2,
+        attention_flops_per_key=4,
+    )
+    assert step_cost(costs, 1, 1, 7, 8) == (1000 + 2 * 8, 2 * 10 + 2 * 5 + 4 * 8)
+    # One prompt of 3 split 2 + 1 over budget-2 steps, output 3 (2 decode steps of 1 sequence).
+    floor = workload_floor(costs, [3], [3], 2, read_gbps=1e-9, matmul_tflops=1e-12)  # 1 byte/s, 1 flop/s
+    # prefill step 1: T=2, R=0, read 0, attended 1+2 = 3 -> bytes 1004, flops 40 + 12 = 52
+    # prefill step 2: T=1, R=1, read 2, attended 3 -> bytes 1006, flops 20 + 10 + 12 = 42
+    # decode k=1: keys 4 -> bytes 1000 + 2*4 = 1008; k=2: keys 5 -> 1010
+    assert floor["num_prefill_steps"] == 2 and floor["num_decode_steps"] == 2
+    assert floor["prefill_floor_s"] == 1004 + 1006
+    assert floor["decode_floor_s"] == 1008 + 1010

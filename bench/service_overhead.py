@@ -1,0 +1,361 @@
+"""Service overhead (BENCHMARKS.md): the offline throughput workload sent through the whole
+service (HTTP API, Redis, worker) on the GPU machine, against the offline engine measured in
+the same run; and the time to first token the service adds at low load.
+
+    python -m bench.service_overhead              # on a CUDA GPU, from the repo root
+    python -m bench.service_overhead --dry-run    # CPU: tiny shape, few sequences, code paths only
+
+Phases, each engine in its own process so that the GPU is free for the next:
+1. offline: bench/offline_throughput.py's engine and workload (seed 0, 256 sequences, prompt and
+   output lengths uniform in [100, 1024], random token ids, ignore_eos, greedy), then TTFT_REQUESTS
+   sequential single requests (TTFT_PROMPT-token prompt, TTFT_NEW_TOKENS new tokens) timed from
+   add_request to the step that returns their first token.
+2. service: a private redis-server, a worker (worker.loop.Worker over the same engine: `python -m
+   worker` cannot build random weights, so a child of this module builds the engine exactly as
+   phase 1 does and hands it to Worker) and `python -m api`; the same sequential requests, then
+   the workload from NUM_SEQS concurrent streaming clients (POST /v1/completions, prompt as token
+   ids, stream, max_tokens = output length, ignore_eos, temperature 0), spread over CLIENT_PROCS
+   processes so that the clients are not the bottleneck.
+Both engines get the same warm-up (8 short sequences) before they are timed; the service also
+gets a few warm-up requests through HTTP. Writes service_overhead.{json,md} into $OUT, and the
+logs of the API and the worker beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.offline_throughput import MAX_LEN, MAX_NUM_BATCHED_TOKENS, MIN_LEN, NUM_SEQS, workload
+from bench.service_clients import CLIENT_PROCS, SERVED_NAME, run_clients, sequential
+
+MODEL = "Qwen3-0.6B"
+STEM = "service_overhead"
+TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS = 20, 128, 16
+BATCH_WINDOW_MS = 1.0
+THROUGHPUT_GOAL, TTFT_GOAL_MS = 0.95, 5.0
+
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
+    parser.add_argument("--batch-window-ms", type=float, default=BATCH_WINDOW_MS)
+    parser.add_argument("--child", choices=("offline", "worker"), help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def _shape(dry_run: bool) -> tuple[int, int, int, int, int, int]:
+    """(sequences, min length, max length, TTFT requests, TTFT prompt, TTFT new tokens)."""
+    if dry_run:
+        return 8, 10, 40, 5, 32, 4
+    return NUM_SEQS, MIN_LEN, MAX_LEN, TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS
+
+
+def _workloads(vocab_size: int, dry_run: bool) -> tuple[list, list, list, list]:
+    num, lo, hi, ttft_n, ttft_len, _ = _shape(dry_run)
+    prompts, prompt_lens, output_lens = workload(vocab_size, num, lo, hi, seed=0)
+    ttft_prompts, _, _ = workload(vocab_size, ttft_n, ttft_len, ttft_len, seed=2)
+    return prompts, prompt_lens, output_lens, ttft_prompts
+
+
+def _warm_engine(engine) -> None:
+    """The warm-up of bench/offline_throughput.py: 8 short sequences (compiles the mixed-batch kernels)."""
+    from bench.offline_throughput import _run
+
+    warm_prompts, _, warm_outputs = workload(engine.vocab_size, 8, 16, 300, seed=1)
+    _run(engine, warm_prompts, [min(o, 16) for o in warm_outputs])
+
+
+def _percentile(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+# ---- phase 1: the offline engine (child process) -------------------------------------------------
+def _offline_child(args: argparse.Namespace) -> None:
+    import torch
+
+    from bench.engine_common import environment
+    from bench.offline_throughput import _engine, _run
+    from engine.sampling_params import SamplingParams
+
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    directory = Path(args.model_dir)
+    engine = _engine(directory, device, args.dry_run)
+    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run)
+    _warm_engine(engine)
+    elapsed = _run(engine, prompts, output_lens)
+    ttfts = []
+    new_tokens = _shape(args.dry_run)[5]
+    for i, prompt in enumerate(ttft_prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        start, first = time.perf_counter(), None
+        engine.add_request(f"ttft{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.new_token_ids:
+                    first = time.perf_counter()
+        ttfts.append((first - start) * 1000)
+    result = {
+        "meta": environment(device),
+        "elapsed_s": elapsed,
+        "output_tok_s": sum(output_lens) / elapsed,
+        "total_tok_s": (sum(output_lens) + sum(prompt_lens)) / elapsed,
+        "ttft_ms": ttfts,
+        "kv_pool_tokens": engine.stats().num_total_blocks * engine.stats().block_size,
+    }
+    Path(args.result).write_text(json.dumps(result))
+
+
+# ---- phase 2: the worker (child process) -----------------------------------------------------------
+def _worker_child(args: argparse.Namespace) -> None:
+    import logging
+
+    import torch
+
+    from bench.offline_throughput import _engine
+    from worker.loop import Worker
+    from worker.settings import WorkerSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    engine = _engine(Path(args.model_dir), device, args.dry_run)
+    _warm_engine(engine)
+    settings = WorkerSettings(
+        redis_url=args.redis_url,
+        model=args.model_dir,
+        served_model_name=SERVED_NAME,
+        device=device.type,
+        max_num_seqs=NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        batch_window_ms=args.batch_window_ms,
+        metrics_port=0,
+    )
+    worker = Worker(settings, engine)
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop(force=True))
+    worker.run()
+
+
+# ---- phase 2: the service (this process) -----------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Service:
+    """redis-server, the worker and the API as child processes; stopped in reverse order."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.procs, self.logs = out, {}, []
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.out / f"{STEM}_{name}.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.logs.append(log)
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} (see {STEM}_{name}.log)")
+
+    def wait_ready(self, base: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check()
+            try:
+                with urllib.request.urlopen(f"{base}/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"the service was not ready after {timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for log in self.logs:
+            log.close()
+
+
+def _measure_service(args, directory: Path, out: Path) -> dict:
+    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(_vocab(directory), args.dry_run)
+    redis_server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
+    if not redis_server:
+        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
+    redis_port, api_port = _free_port(), _free_port()
+    redis_url, base = f"redis://127.0.0.1:{redis_port}/0", f"http://127.0.0.1:{api_port}"
+    redis_env = {}
+    if os.environ.get("INFERQ_REDIS_LIB"):  # a carried binary's libraries, for redis-server alone
+        redis_env["LD_LIBRARY_PATH"] = os.environ["INFERQ_REDIS_LIB"]
+    service = Service(out)
+    data_dir = tempfile.mkdtemp(prefix="inferq-bench-redis-")
+    try:
+        # As `inferq up` runs it: AOF on, fsync every second.
+        redis = service.start("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
+                                        data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
+                              redis_env)  # fmt: skip
+        child = [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory)]
+        flags = ["--dry-run"] if args.dry_run else []
+        worker = service.start("worker", [*child, "--child", "worker", "--redis-url", redis_url,
+                                          "--batch-window-ms", str(args.batch_window_ms), *flags])  # fmt: skip
+        api = service.start("api", [sys.executable, "-m", "api"], {
+            "INFERQ_REDIS_URL": redis_url, "INFERQ_HOST": "127.0.0.1", "INFERQ_PORT": str(api_port),
+            "INFERQ_MAX_QUEUED_REQUESTS": str(4 * NUM_SEQS),
+            "INFERQ_MAX_QUEUED_PROMPT_TOKENS": str(10**8)})  # fmt: skip
+        service.wait_ready(base, 300)
+        new_tokens = _shape(args.dry_run)[5]
+        warm, _, warm_out = workload(_vocab(directory), 8, 16, 300, seed=3)
+        run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])
+        sequential(base, ttft_prompts[:3], new_tokens)
+        ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
+        pids = {"api": api.pid, "worker": worker.pid, "redis": redis.pid}
+        cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
+        rows, client_cpu, elapsed = run_clients(base, list(zip(prompts, output_lens, strict=True)))
+        cpu = {name: _cpu_s(pid) - cpu_before[name] for name, pid in pids.items()}
+        service.check()
+    finally:
+        service.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    output_tokens = sum(r["output_tokens"] for r in rows)
+    loaded_ttft = [(r["first"] - r["start"]) * 1000 for r in rows]
+    return {
+        "elapsed_s": elapsed,
+        "output_tok_s": output_tokens / elapsed,
+        "total_tok_s": (output_tokens + sum(prompt_lens)) / elapsed,
+        "ttft_ms": ttfts,
+        "headers_ms": headers_ms,
+        "headers_p50_ms": _percentile(headers_ms, 50),
+        "loaded_ttft_p50_ms": _percentile(loaded_ttft, 50),
+        "loaded_ttft_p99_ms": _percentile(loaded_ttft, 99),
+        "cpu_s": {**cpu, "clients": client_cpu},
+        "cpu_frac_of_elapsed": {name: s / elapsed for name, s in {**cpu, "clients": client_cpu}.items()},
+        "client_procs": CLIENT_PROCS,
+        "batch_window_ms": args.batch_window_ms,
+    }
+
+
+def _vocab(directory: Path) -> int:
+    return int(json.loads((directory / "config.json").read_text())["vocab_size"])
+
+
+def _result(args, offline: dict, service: dict, directory: Path) -> dict:
+    num, lo, hi, ttft_n, ttft_len, ttft_new = _shape(args.dry_run)
+    off_p50, svc_p50 = _percentile(offline["ttft_ms"], 50), _percentile(service["ttft_ms"], 50)
+    return {
+        "meta": offline.pop("meta"),
+        "model": args.model,
+        "workload": {"num_seqs": num, "min_len": lo, "max_len": hi, "seed": 0,
+                     "max_num_seqs": NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                     "ttft_requests": ttft_n, "ttft_prompt_tokens": ttft_len, "ttft_new_tokens": ttft_new},
+        "offline": offline,
+        "service": service,
+        "throughput_frac_of_offline": service["output_tok_s"] / offline["output_tok_s"],
+        "ttft_p50_ms": {"offline": off_p50, "service": svc_p50, "added": svc_p50 - off_p50},
+        "goals": {"throughput_frac": THROUGHPUT_GOAL, "added_ttft_p50_ms": TTFT_GOAL_MS},
+    }  # fmt: skip
+
+
+def markdown(r: dict) -> str:
+    from bench.engine_common import table
+
+    meta, off, svc, w = r["meta"], r["offline"], r["service"], r["workload"]
+    rows = [
+        {"what": "offline engine (in process)", "s": off["elapsed_s"], "out": off["output_tok_s"],
+         "total": off["total_tok_s"], "ttft": r["ttft_p50_ms"]["offline"]},
+        {"what": "service (HTTP + Redis + worker)", "s": svc["elapsed_s"], "out": svc["output_tok_s"],
+         "total": svc["total_tok_s"], "ttft": r["ttft_p50_ms"]["service"],
+         "frac": r["throughput_frac_of_offline"], "added": r["ttft_p50_ms"]["added"]},
+    ]  # fmt: skip
+    cpu = ", ".join(f"{k} {v:.0%}" for k, v in svc["cpu_frac_of_elapsed"].items())
+    return "\n".join([
+        "# inferq service overhead",
+        "",
+        f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
+        f"transformers {meta['transformers']} · python {meta['python']}",
+        "",
+        f"{r['model']} shape, random bf16 weights. Throughput: seed 0, {w['num_seqs']} sequences, prompt and output "
+        f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
+        f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
+        f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
+        f"{svc['client_procs']} client processes), through `python -m api` (uvicorn, one process), a private "
+        f"redis-server (AOF everysec) and one worker (batch window {svc['batch_window_ms']:g} ms); the offline "
+        "engine ran the same workload in its own process just before. TTFT: "
+        f"{w['ttft_requests']} sequential requests, {w['ttft_prompt_tokens']}-token prompt, "
+        f"{w['ttft_new_tokens']} new tokens, p50 (service: first streamed token at the client; offline: "
+        "add_request to the step that returns it).",
+        "",
+        table(rows, [("what", "path", ""), ("s", "time s", ".2f"), ("out", "output tok/s", ",.0f"),
+                     ("total", "total tok/s", ",.0f"), ("frac", "of offline", ".1%"),
+                     ("ttft", "TTFT p50 ms", ".1f"), ("added", "added TTFT p50 ms", ".1f")]),  # fmt: skip
+        "",
+        f"Goals: >= {r['goals']['throughput_frac']:.0%} of the offline throughput; <= "
+        f"{r['goals']['added_ttft_p50_ms']:g} ms added TTFT p50. At low load the API answered with its headers "
+        f"(request validated, admitted and queued in Redis) after {svc['headers_p50_ms']:.1f} ms (p50). "
+        "Under the full load the service's TTFT was "
+        f"p50 {svc['loaded_ttft_p50_ms']:.0f} ms, p99 {svc['loaded_ttft_p99_ms']:.0f} ms. CPU used during the "
+        f"throughput run, as a fraction of its wall time (1 = one core busy): {cpu}.",
+        "",
+    ])  # fmt: skip
+
+
+def main(argv=None) -> dict | None:
+    args = _parse_args(argv)
+    if args.child == "offline":
+        return _offline_child(args)
+    if args.child == "worker":
+        return _worker_child(args)
+    from bench.engine_common import model_dir, write_results
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    directory = model_dir(args.model, tiny=args.dry_run)
+    result_path = out / f"{STEM}_offline_tmp.json"
+    flags = ["--dry-run"] if args.dry_run else []
+    print("[service] phase 1: offline engine", flush=True)
+    subprocess.run([sys.executable, "-m", "bench.service_overhead", "--child", "offline", "--model-dir",
+                    str(directory), "--result", str(result_path), *flags], check=True)  # fmt: skip
+    offline = json.loads(result_path.read_text())
+    result_path.unlink()
+    print(f"[service] offline: {offline}", flush=True)
+    print("[service] phase 2: the service", flush=True)
+    service = _measure_service(args, directory, out)
+    results = _result(args, offline, service, directory)
+    write_results(out, STEM, results, markdown(results))
+    print(json.dumps(results, indent=1), flush=True)
+    print(markdown(results), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

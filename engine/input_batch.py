@@ -1,0 +1,277 @@
+"""One step's flat batch, staged in pinned host buffers allocated once and copied to the
+device with two non-blocking copies: no torch.tensor() from Python lists per step.
+
+Legend: T = tokens of the step (after padding), S = sequences (after padding), R = rows
+that sample, M = block-table columns in use this step, W = block-table width (most
+blocks one sequence can hold), Smax = most sequences in a step.
+
+Two packed buffers, host staging (pinned on CUDA) and device mirror, same offsets, each
+field starting at a multiple of a = align(T) or b = align(S + 1) elements (align rounds up to
+16, so every pointer a kernel gets is 16-byte aligned and Triton compiles one variant):
+
+    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a]
+    i32: [seq_lens S | pad | query_start_loc S+1 at b | pad | block-table rows S x M at 2b]
+
+The offsets depend only on (T, S), so a CUDA graph captured for a decode batch of S = T = b
+rows reads its inputs at the offsets every padded decode step of b rows writes (see
+`decode_views`). The block table the kernels read is a separate device tensor
+[Smax, W]: its width is fixed so one captured graph reads any step's table. Each step copies
+only the M used columns of its rows into it, from the packed staging (a small device-side
+strided copy), and only when a row changed.
+
+Host-side, the block table is kept per row and updated incrementally: a row that holds the
+same request as last step only appends its new blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from engine.scheduler import ScheduledRequest
+
+
+def _align(n: int) -> int:
+    """n rounded up to a multiple of 16 elements (16-byte aligned fields for Triton)."""
+    return (n + 15) // 16 * 16
+
+
+@dataclass
+class StepInputs:
+    """A prepared step: device views of the packed buffers, valid until the next `prepare`.
+
+    Args:
+        input_ids, positions: [T] int64.
+        meta: the attention metadata (slot_mapping [T], block_tables [S, W], seq_lens [S], ...).
+        num_seqs: real sequences (S before padding).
+        num_padded: rows after padding (S, equal to T for a padded decode step).
+        logits_rows: [R] int64 rows of the hidden states to sample from; None when they are
+            simply rows 0..num_seqs-1 (a decode step).
+        sampling: ScheduledRequest index of each sampling row, in order.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    num_seqs: int
+    num_padded: int
+    logits_rows: torch.Tensor | None
+    sampling: list[int]
+
+
+class InputBatch:
+    """Pinned staging + device buffers for every step of one ModelRunner.
+
+    Args:
+        max_num_tokens: most tokens in one step (max_num_batched_tokens, or a larger decode bucket).
+        max_num_seqs: most sequences in one step.
+        max_blocks_per_seq: W, the block-table width (ceil(max_model_len / block_size)).
+        block_size: tokens per KV block.
+        device: where the model runs; host buffers are pinned when it is CUDA.
+    """
+
+    def __init__(
+        self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device
+    ) -> None:
+        self.max_num_tokens = max_num_tokens
+        self.max_num_seqs = max_num_seqs
+        self.width = max_blocks_per_seq
+        self.block_size = block_size
+        self.device = device
+        pin = device.type == "cuda"
+        n64 = 3 * _align(max_num_tokens) + max_num_seqs
+        n32 = 2 * _align(max_num_seqs + 1) + max_num_seqs * max_blocks_per_seq
+        self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=pin)
+        self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=pin)
+        self._np64 = self._host64.numpy()
+        self._np32 = self._host32.numpy()
+        self._dev64 = torch.zeros(n64, dtype=torch.int64, device=device)
+        self._dev32 = torch.zeros(n32, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self._host_tables = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
+        # NOTE: a row is reused as-is when it holds the same block list object as last step:
+        # the block manager's lists only grow while their request holds its blocks (a freed
+        # request's list is dropped and a new one made on reallocation). Holding the reference
+        # keeps its id from being reused.
+        self._row_blocks: list[list[int] | None] = [None] * max_num_seqs
+        self._row_len = [0] * max_num_seqs
+        self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
+        self._copied = torch.cuda.Event() if pin else None
+
+    # ---- the views a captured graph reads ---------------------------------------
+    def decode_views(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """(input_ids, positions, meta) of a decode step of `num_rows` rows: the static inputs of its graph."""
+        b, a, sa = num_rows, _align(num_rows), _align(num_rows + 1)
+        meta = AttentionMetadata(
+            slot_mapping=self._dev64[2 * a : 2 * a + b],
+            block_tables=self.block_tables[:b],
+            seq_lens=self._dev32[:b],
+            query_start_loc=self._dev32[sa : sa + b + 1],
+            max_query_len=1,
+            max_seq_len=self.width * self.block_size,
+            seq_lens_cpu=[1] * b,  # placeholder: the graphed (Triton) path never reads host lengths
+            query_lens_cpu=[1] * b,
+        )
+        return self._dev64[:b], self._dev64[a : a + b], meta
+
+    def fill_dummy_decode(self, num_rows: int) -> None:
+        """A harmless decode batch for warm-up and capture: token 0 at position 0, no KV write
+        (slot -1), one key read from block 0."""
+        self._wait_for_last_copy()
+        b, a, sa = num_rows, _align(num_rows), _align(num_rows + 1)
+        self._np64[: 2 * a] = 0
+        self._np64[2 * a : 2 * a + b] = -1
+        self._np32[:b] = 1
+        self._np32[sa : sa + b + 1] = self._arange[: b + 1]
+        self._copy(2 * a + b, sa + b + 1)
+        self.block_tables[:b].zero_()
+        self._row_blocks[:b] = [None] * b  # the device rows no longer match the host rows
+
+    def invalidate_tables(self) -> None:
+        """Forget which block-table rows the device holds (after a step failed half-way): every
+        row is rewritten and copied the next time it is used."""
+        self._row_blocks = [None] * self.max_num_seqs
+
+    # ---- one step ---------------------------------------------------------------
+    def prepare(self, scheduled: list[ScheduledRequest], num_tokens: int, pad_to: int | None = None) -> StepInputs:
+        """Stages the step's batch and starts its copies to the device.
+
+        Args:
+            scheduled: the scheduler's items, in order.
+            num_tokens: their total new tokens.
+            pad_to: for a decode step (one token per item) replayed by a graph: the bucket
+                size; rows past the real ones get token 0, position 0, slot -1 (no KV write)
+                and seq_len 0 (no KV read).
+        """
+        self._wait_for_last_copy()
+        num_seqs = len(scheduled)
+        decode = num_tokens == num_seqs
+        if pad_to is not None and (not decode or pad_to < num_seqs):
+            raise ValueError(f"pad_to ({pad_to}) needs a decode step of at most that many rows, got "
+                             f"{num_seqs} rows and {num_tokens} tokens")  # fmt: skip
+        padded = pad_to if pad_to is not None else num_seqs
+        t = padded if decode else num_tokens
+        a, sa = _align(t), _align(padded + 1)
+        width_used, tables_changed = self._update_tables(scheduled)
+        if decode:
+            seq_lens, query_lens = self._fill_decode(scheduled, padded)
+            sampling = [i for i, item in enumerate(scheduled) if item.samples]
+            rows = sampling  # one token per row: token index == item index
+        else:
+            seq_lens, query_lens, rows, sampling = self._fill_mixed(scheduled, num_tokens)
+        identity_rows = decode and len(rows) == num_seqs
+        num_rows = 0 if identity_rows else len(rows)
+        self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
+        bt_offset = 2 * sa
+        n32 = bt_offset
+        if tables_changed:
+            staging = self._np32[bt_offset : bt_offset + num_seqs * width_used].reshape(num_seqs, width_used)
+            staging[...] = self._host_tables[:num_seqs, :width_used]
+            n32 += num_seqs * width_used
+        self._copy(3 * a + num_rows, n32)
+        if tables_changed:
+            src = self._dev32[bt_offset : bt_offset + num_seqs * width_used].view(num_seqs, width_used)
+            self.block_tables[:num_seqs, :width_used].copy_(src)
+        meta = AttentionMetadata(
+            slot_mapping=self._dev64[2 * a : 2 * a + t],
+            block_tables=self.block_tables[:padded],
+            seq_lens=self._dev32[:padded],
+            query_start_loc=self._dev32[sa : sa + padded + 1],
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            seq_lens_cpu=seq_lens + [0] * (padded - num_seqs),
+            query_lens_cpu=query_lens + [1] * (padded - num_seqs),
+        )
+        logits_rows = None if identity_rows else self._dev64[3 * a : 3 * a + num_rows]
+        return StepInputs(self._dev64[:t], self._dev64[a : a + t], meta, num_seqs, padded, logits_rows, sampling)
+
+    def _update_tables(self, scheduled: list[ScheduledRequest]) -> tuple[int, bool]:
+        """Brings host block-table rows up to date; returns (M, whether any row changed)."""
+        tables = self._host_tables
+        row_blocks, row_len = self._row_blocks, self._row_len
+        width_used = 1
+        changed = False
+        for i, item in enumerate(scheduled):
+            blocks = item.block_ids
+            n = len(blocks)
+            if n > width_used:
+                width_used = n
+            if n > self.width:
+                raise ValueError(f"a sequence holds {n} blocks, more than the block table's width {self.width}")
+            done = row_len[i]
+            if row_blocks[i] is blocks and done <= n:
+                if done < n:
+                    tables[i, done:n] = blocks[done:]
+                    row_len[i] = n
+                    changed = True
+                continue
+            tables[i, :n] = blocks
+            row_blocks[i] = blocks
+            row_len[i] = n
+            changed = True
+        return width_used, changed
+
+    def _fill_decode(self, scheduled: list[ScheduledRequest], padded: int) -> tuple[list[int], list[int]]:
+        """One token per item: ids, positions, slots, seq_lens, query_start_loc, padded to `padded`
+        rows; returns (seq_lens, query_lens)."""
+        bs = self.block_size
+        positions = [item.num_computed_tokens for item in scheduled]
+        n = len(positions)
+        a, sa = _align(padded), _align(padded + 1)
+        np64, np32 = self._np64, self._np32
+        np64[:n] = [item.request.all_token_ids[p] for item, p in zip(scheduled, positions)]
+        np64[a : a + n] = positions
+        np64[2 * a : 2 * a + n] = [item.block_ids[p // bs] * bs + p % bs for item, p in zip(scheduled, positions)]
+        seq_lens = [p + 1 for p in positions]
+        np32[:n] = seq_lens
+        if padded > n:
+            np64[n:padded] = 0
+            np64[a + n : a + padded] = 0
+            np64[2 * a + n : 2 * a + padded] = -1
+            np32[n:padded] = 0
+        np32[sa : sa + padded + 1] = self._arange[: padded + 1]
+        return seq_lens, [1] * n
+
+    def _fill_mixed(
+        self, scheduled: list[ScheduledRequest], num_tokens: int
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Any mix of prefill chunks and decodes; returns (seq_lens, query_lens, logits rows, sampling items)."""
+        bs = self.block_size
+        np64, np32 = self._np64, self._np32
+        num_seqs = len(scheduled)
+        a, sa = _align(num_tokens), _align(num_seqs + 1)
+        t = 0
+        seq_lens, query_lens, rows, sampling = [], [], [], []
+        for i, item in enumerate(scheduled):
+            start, n = item.num_computed_tokens, item.num_new_tokens
+            end = start + n
+            np64[t : t + n] = item.request.all_token_ids[start:end]
+            pos = self._arange[start:end]
+            np64[a + t : a + t + n] = pos
+            np64[2 * a + t : 2 * a + t + n] = self._host_tables[i, pos // bs] * bs + pos % bs
+            t += n
+            seq_lens.append(end)
+            query_lens.append(n)
+            np32[sa + i + 1] = t
+            if item.samples:
+                rows.append(t - 1)
+                sampling.append(i)
+        np32[:num_seqs] = seq_lens
+        np32[sa] = 0
+        return seq_lens, query_lens, rows, sampling
+
+    def _copy(self, n64: int, n32: int) -> None:
+        non_blocking = self._copied is not None
+        self._dev64[:n64].copy_(self._host64[:n64], non_blocking=non_blocking)
+        self._dev32[:n32].copy_(self._host32[:n32], non_blocking=non_blocking)
+        if self._copied is not None:
+            self._copied.record()
+
+    def _wait_for_last_copy(self) -> None:
+        """NOTE: the host buffers are rewritten only once the last step's copies have left them
+        (a step that samples nothing never syncs with the device)."""
+        if self._copied is not None:
+            self._copied.synchronize()

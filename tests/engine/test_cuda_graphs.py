@@ -1,0 +1,207 @@
+"""Decode CUDA graphs: buckets, padding and static buffers.
+
+On the CPU the padded decode path runs eagerly over the same static buffers the graphs
+read (DecodeGraphs with capture=False), so bucketing, padding rows (slot -1, seq_len 0) and
+the incremental block tables are checked against the unpadded engine token for token. On
+a GPU the real graphs are captured and must give the same tokens as enforce_eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.cuda_graphs import capture_sizes
+from engine.input_batch import InputBatch
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledRequest
+from engine.step_timer import StepTimer
+from tests.engine.engine_helpers import make_engine, random_prompts, run_staggered
+from tests.engine.gpu_checkpoints import tiny_checkpoint_factory
+
+ON_GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA GPU")
+
+# 11 requests arriving over time: decode batches of 1..11 rows cross the buckets 1, 2, 4, 8, 16.
+ARRIVALS = [0, 0, 1, 2, 4, 6, 9, 12, 15, 19, 24]
+
+
+def test_capture_sizes_are_vllm_buckets() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(6) == [1, 2, 4, 6]
+    assert capture_sizes(8) == [1, 2, 4, 8]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(256)[:6] == [1, 2, 4, 8, 16, 24]
+    assert capture_sizes(256)[-1] == 256 and len(capture_sizes(256)) == 35
+    with pytest.raises(ValueError, match="max_batch"):
+        capture_sizes(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny checkpoints that need no GGUF conversion where the tokenizer was carried (GPU machine)."""
+    return tiny_checkpoint_factory(request, tmp_path_factory)
+
+
+def test_bucket_is_the_smallest_that_fits(tiny_ckpt: Callable[[str], Path]) -> None:
+    engine = make_engine(tiny_ckpt("llama"), max_num_seqs=20)
+    engine.runner.enable_decode_graphs(capture=False)
+    graphs = engine.runner.graphs
+    assert [graphs.bucket_for(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)] == [1, 2, 4, 8, 8, 16, 16, 20, 20]
+    assert graphs.bucket_for(21) is None
+    graphs.enabled = False
+    assert graphs.bucket_for(1) is None
+
+
+class _FakeRequest:
+    def __init__(self, tokens: list[int]) -> None:
+        self.all_token_ids = tokens
+
+
+def test_input_batch_pads_rows_and_keeps_block_tables_in_step() -> None:
+    batch = InputBatch(
+        max_num_tokens=64, max_num_seqs=8, max_blocks_per_seq=6, block_size=4, device=torch.device("cpu")
+    )
+    tables = [[5, 2], [7]]
+    a, b = _FakeRequest(list(range(100, 112))), _FakeRequest(list(range(200, 203)))
+    items = [ScheduledRequest(a, 1, 6, tables[0], True), ScheduledRequest(b, 1, 2, tables[1], True)]
+    step = batch.prepare(items, 2, pad_to=4)
+    assert step.input_ids.tolist() == [106, 202, 0, 0]
+    assert step.positions.tolist() == [6, 2, 0, 0]
+    assert step.meta.slot_mapping.tolist() == [2 * 4 + 2, 7 * 4 + 2, -1, -1]
+    assert step.meta.seq_lens.tolist() == [7, 3, 0, 0]
+    assert step.meta.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    assert step.meta.block_tables[:2, :2].tolist() == [[5, 2], [7, 0]]
+    assert step.logits_rows is None and step.sampling == [0, 1]
+    # Same requests, one grows a block: only the new block is written; a new request replaces row 1.
+    tables[0].append(9)
+    c = _FakeRequest(list(range(300, 320)))
+    items = [ScheduledRequest(a, 1, 8, tables[0], True), ScheduledRequest(c, 3, 9, [4, 1, 3], True)]
+    step = batch.prepare(items, 4)
+    assert step.input_ids.tolist() == [108, 309, 310, 311]
+    assert step.positions.tolist() == [8, 9, 10, 11]
+    assert step.meta.slot_mapping.tolist() == [9 * 4 + 0, 3 * 4 + 1, 3 * 4 + 2, 3 * 4 + 3]
+    assert step.meta.block_tables[:2, :3].tolist() == [[5, 2, 9], [4, 1, 3]]
+    assert step.meta.query_start_loc.tolist() == [0, 1, 4]
+    assert step.logits_rows.tolist() == [0, 3]
+    # A decode step where the second row is a one-token prompt chunk: it does not sample.
+    items = [ScheduledRequest(a, 1, 9, tables[0], True), ScheduledRequest(c, 1, 12, [4, 1, 3, 6], False)]
+    step = batch.prepare(items, 2, pad_to=2)
+    assert step.sampling == [0] and step.logits_rows.tolist() == [0]
+    assert step.meta.block_tables[1, :4].tolist() == [4, 1, 3, 6]
+    with pytest.raises(ValueError, match="pad_to"):
+        batch.prepare(items, 2, pad_to=1)
+    # After a failed step the runner invalidates the rows: they are all rewritten and copied again.
+    batch.block_tables.zero_()
+    batch.invalidate_tables()
+    step = batch.prepare(items, 2)
+    assert step.meta.block_tables[:2, :4].tolist() == [[5, 2, 9, 0], [4, 1, 3, 6]]
+
+
+def run_with_logprobs(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, arrivals: list[int]
+) -> dict[str, list[tuple[int, float]]]:
+    """Like run_staggered, but returns (token, its logprob) per request: logprobs see attention
+    errors too small to flip a greedy token of the tiny models."""
+    out: dict[str, list[tuple[int, float]]] = {f"r{i}": [] for i in range(len(prompts))}
+    pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and arrivals[pending[0]] <= step:
+            i = pending.pop(0)
+            engine.add_request(f"r{i}", prompts[i], params)
+        for o in engine.step():
+            assert o.finish_reason in (None, "length"), o
+            out[o.request_id].extend((lp.token_id, lp.logprob) for lp in o.new_logprobs or [])
+        step += 1
+    return out
+
+
+def assert_same_outputs(ours: dict, reference: dict, tol: float) -> None:
+    assert ours.keys() == reference.keys()
+    for rid, expected in reference.items():
+        assert [t for t, _ in ours[rid]] == [t for t, _ in expected], rid
+        assert ours[rid] and all(abs(a - b) <= tol for (_, a), (_, b) in zip(ours[rid], expected)), rid
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2"])
+def test_padded_static_decode_matches_the_plain_engine(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(len(ARRIVALS), 49152, 3, 40, seed=7)
+    params = SamplingParams(temperature=0.0, max_tokens=28, ignore_eos=True, logprobs=0)
+    plain = run_with_logprobs(make_engine(model_dir, max_num_batched_tokens=64), prompts, params, ARRIVALS)
+    engine = make_engine(model_dir, max_num_batched_tokens=64, max_num_seqs=16, num_kv_tokens=2048)
+    engine.runner.enable_decode_graphs(capture=False)
+    engine.runner.timer = StepTimer(engine.device)
+    assert_same_outputs(run_with_logprobs(engine, prompts, params, ARRIVALS), plain, tol=1e-4)
+    assert engine.runner.graphs.num_replays > 20
+    graphed = [r for r in engine.runner.timer.records if r.graphed]
+    sizes = {r.num_seqs for r in graphed}
+    assert {1, 3, 5} <= sizes and max(sizes) > 8, sizes  # padded to 4, 8 and 16 rows
+    assert all(r.host_s > 0 for r in engine.runner.timer.records)
+    # The greedy fast path (no logprobs) picks the same tokens.
+    greedy = SamplingParams(temperature=0.0, max_tokens=28, ignore_eos=True)
+    tokens = run_staggered(engine, prompts, greedy, ARRIVALS)
+    assert tokens == {rid: [t for t, _ in out] for rid, out in plain.items()}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's run of the kernels; on a GPU the graph tests cover it")
+def test_padded_decode_through_the_triton_kernels(tiny_ckpt: Callable[[str], Path]) -> None:
+    """The real decode kernel (interpreted on the CPU) with padding rows of seq_len 0."""
+    model_dir = tiny_ckpt("llama")
+    prompts = random_prompts(3, 49152, 5, 20, seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = run_staggered(make_engine(model_dir), prompts, params, [0, 0, 2])
+    engine = make_engine(model_dir, kernels="triton")
+    engine.runner.enable_decode_graphs(capture=False)
+    assert run_staggered(engine, prompts, params, [0, 0, 2]) == plain
+
+
+def _cuda_engine(model_dir: Path, *, enforce_eager: bool, max_num_seqs: int = 16) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model=str(model_dir), dtype="float32"),
+            cache=CacheConfig(num_kv_tokens=4096),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256),
+            device="cuda",
+            enforce_eager=enforce_eager,
+        )
+    )
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["llama", "llama3_tied", "mistral", "qwen2", "qwen3", "gpt2"])
+def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(len(ARRIVALS), 49152, 3, 60, seed=11)
+    with_logprobs = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=0)
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    eager_engine = _cuda_engine(model_dir, enforce_eager=True)
+    assert eager_engine.runner.graphs is None
+    eager = run_with_logprobs(eager_engine, prompts, with_logprobs, ARRIVALS)
+    del eager_engine
+    engine = _cuda_engine(model_dir, enforce_eager=False)
+    assert engine.runner.graphs is not None and engine.runner.graphs.capture
+    assert_same_outputs(run_with_logprobs(engine, prompts, with_logprobs, ARRIVALS), eager, tol=1e-4)
+    replays = engine.runner.graphs.num_replays
+    assert replays > 20
+    tokens = run_staggered(engine, prompts, greedy, ARRIVALS)  # the greedy fast path after replays
+    assert tokens == {rid: [t for t, _ in out] for rid, out in eager.items()}
+    assert engine.runner.graphs.num_replays > replays + 20
+
+
+@needs_gpu
+def test_seeded_sampling_is_the_same_with_graphs(tiny_ckpt: Callable[[str], Path]) -> None:
+    """Random sampling goes through the full Sampler after a graph replay."""
+    model_dir = tiny_ckpt("llama")
+    prompts = random_prompts(5, 49152, 3, 30, seed=5)
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
+    eager = run_staggered(_cuda_engine(model_dir, enforce_eager=True), prompts, params)
+    engine = _cuda_engine(model_dir, enforce_eager=False)
+    assert run_staggered(engine, prompts, params) == eager
+    assert engine.runner.graphs.num_replays > 0
