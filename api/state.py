@@ -36,7 +36,15 @@ class AppState:
     @classmethod
     def build(cls, settings: ApiSettings, metrics: ApiMetrics) -> AppState:
         # NOTE: decode_responses=True: every value read from Redis is a str.
-        redis = Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        # NOTE: every open stream holds its own pub/sub connection (api/events.py), so the pool must be
+        # larger than the most concurrent streams one replica serves (redis-py's default of 100 was
+        # measured to answer 503 past ~100 streams).
+        redis = Redis.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            health_check_interval=30,
+            max_connections=settings.redis_max_connections,
+        )
         keys = ApiKeys(settings.prefix)
         return cls(
             settings=settings,

@@ -43,6 +43,9 @@ MODEL = "Qwen3-0.6B"
 STEM = "service_overhead"
 TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS = 20, 128, 16
 BATCH_WINDOW_MS = 1.0
+# NOTE: the API holds one Redis pub/sub connection per open stream; its pool (INFERQ_REDIS_MAX_CONNECTIONS,
+# default 4096) must exceed the concurrent streams. This bench found the old default of 100 answering 503.
+API_REDIS_MAX_CONNECTIONS = 4 * NUM_SEQS + 64
 THROUGHPUT_GOAL, TTFT_GOAL_MS = 0.95, 5.0
 
 
@@ -52,6 +55,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--batch-window-ms", type=float, default=BATCH_WINDOW_MS)
+    parser.add_argument("--num-seqs", type=int, default=None, help="override the workload's sequence count")
     parser.add_argument("--child", choices=("offline", "worker"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
@@ -59,15 +63,15 @@ def _parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _shape(dry_run: bool) -> tuple[int, int, int, int, int, int]:
+def _shape(dry_run: bool, num_seqs: int | None = None) -> tuple[int, int, int, int, int, int]:
     """(sequences, min length, max length, TTFT requests, TTFT prompt, TTFT new tokens)."""
     if dry_run:
-        return 8, 10, 40, 5, 32, 4
-    return NUM_SEQS, MIN_LEN, MAX_LEN, TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS
+        return num_seqs or 8, 10, 40, 5, 32, 4
+    return num_seqs or NUM_SEQS, MIN_LEN, MAX_LEN, TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS
 
 
-def _workloads(vocab_size: int, dry_run: bool) -> tuple[list, list, list, list]:
-    num, lo, hi, ttft_n, ttft_len, _ = _shape(dry_run)
+def _workloads(vocab_size: int, dry_run: bool, num_seqs: int | None = None) -> tuple[list, list, list, list]:
+    num, lo, hi, ttft_n, ttft_len, _ = _shape(dry_run, num_seqs)
     prompts, prompt_lens, output_lens = workload(vocab_size, num, lo, hi, seed=0)
     ttft_prompts, _, _ = workload(vocab_size, ttft_n, ttft_len, ttft_len, seed=2)
     return prompts, prompt_lens, output_lens, ttft_prompts
@@ -98,7 +102,7 @@ def _offline_child(args: argparse.Namespace) -> None:
     device = torch.device("cpu" if args.dry_run else "cuda")
     directory = Path(args.model_dir)
     engine = _engine(directory, device, args.dry_run)
-    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run)
+    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run, args.num_seqs)
     _warm_engine(engine)
     elapsed = _run(engine, prompts, output_lens)
     ttfts = []
@@ -209,7 +213,7 @@ class Service:
 
 
 def _measure_service(args, directory: Path, out: Path) -> dict:
-    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(_vocab(directory), args.dry_run)
+    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(_vocab(directory), args.dry_run, args.num_seqs)
     redis_server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
     if not redis_server:
         raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
@@ -226,11 +230,13 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
                                         data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
                               redis_env)  # fmt: skip
         child = [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory)]
-        flags = ["--dry-run"] if args.dry_run else []
+        flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
         worker = service.start("worker", [*child, "--child", "worker", "--redis-url", redis_url,
                                           "--batch-window-ms", str(args.batch_window_ms), *flags])  # fmt: skip
         api = service.start("api", [sys.executable, "-m", "api"], {
-            "INFERQ_REDIS_URL": redis_url, "INFERQ_HOST": "127.0.0.1", "INFERQ_PORT": str(api_port),
+            "INFERQ_REDIS_URL": redis_url,
+            "INFERQ_REDIS_MAX_CONNECTIONS": str(API_REDIS_MAX_CONNECTIONS),
+            "INFERQ_HOST": "127.0.0.1", "INFERQ_PORT": str(api_port),
             "INFERQ_MAX_QUEUED_REQUESTS": str(4 * NUM_SEQS),
             "INFERQ_MAX_QUEUED_PROMPT_TOKENS": str(10**8)})  # fmt: skip
         service.wait_ready(base, 300)
@@ -262,6 +268,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "cpu_frac_of_elapsed": {name: s / elapsed for name, s in {**cpu, "clients": client_cpu}.items()},
         "client_procs": CLIENT_PROCS,
         "batch_window_ms": args.batch_window_ms,
+        "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
     }
 
 
@@ -270,7 +277,7 @@ def _vocab(directory: Path) -> int:
 
 
 def _result(args, offline: dict, service: dict, directory: Path) -> dict:
-    num, lo, hi, ttft_n, ttft_len, ttft_new = _shape(args.dry_run)
+    num, lo, hi, ttft_n, ttft_len, ttft_new = _shape(args.dry_run, args.num_seqs)
     off_p50, svc_p50 = _percentile(offline["ttft_ms"], 50), _percentile(service["ttft_ms"], 50)
     return {
         "meta": offline.pop("meta"),
@@ -309,7 +316,9 @@ def markdown(r: dict) -> str:
         f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
         f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
         f"{svc['client_procs']} client processes), through `python -m api` (uvicorn, one process), a private "
-        f"redis-server (AOF everysec) and one worker (batch window {svc['batch_window_ms']:g} ms); the offline "
+        f"redis-server (AOF everysec; the API's Redis pool set to {svc['api_redis_max_connections']} connections: "
+        f"it holds one pub/sub connection per stream) and one worker (batch window {svc['batch_window_ms']:g} ms); "
+        "the offline "
         "engine ran the same workload in its own process just before. TTFT: "
         f"{w['ttft_requests']} sequential requests, {w['ttft_prompt_tokens']}-token prompt, "
         f"{w['ttft_new_tokens']} new tokens, p50 (service: first streamed token at the client; offline: "
@@ -341,7 +350,7 @@ def main(argv=None) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     directory = model_dir(args.model, tiny=args.dry_run)
     result_path = out / f"{STEM}_offline_tmp.json"
-    flags = ["--dry-run"] if args.dry_run else []
+    flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
     print("[service] phase 1: offline engine", flush=True)
     subprocess.run([sys.executable, "-m", "bench.service_overhead", "--child", "offline", "--model-dir",
                     str(directory), "--result", str(result_path), *flags], check=True)  # fmt: skip

@@ -73,7 +73,12 @@ def publish_heartbeat(client: redis.Redis, prefix: str, consumer: str = "test-wo
 
 
 def stream_len(client: redis.Redis, prefix: str) -> int:
-    return client.xlen(Keys(prefix).requests)
+    """Messages ever added to the request stream (XINFO's entries-added, not XLEN: workers trim
+    acknowledged requests, so the stream's length can shrink while a test counts)."""
+    key = Keys(prefix).requests
+    if not client.exists(key):
+        return 0
+    return int(client.xinfo_stream(key)["entries-added"])
 
 
 def queued_requests(client: redis.Redis, prefix: str) -> list[RequestMessage]:

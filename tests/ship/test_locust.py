@@ -29,8 +29,18 @@ def cpu_stack(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         children: list[Child] = []
         try:
             children.append(
-                start_worker(server.url, PREFIX, str(tiny_llama_dir), logs / "worker.log",
-                             "--max-model-len", "256", "--num-kv-tokens", "8192", "--batch-window-ms", "2")  # fmt: skip
+                start_worker(
+                    server.url,
+                    PREFIX,
+                    str(tiny_llama_dir),
+                    logs / "worker.log",
+                    "--max-model-len",
+                    "256",
+                    "--num-kv-tokens",
+                    "8192",
+                    "--batch-window-ms",
+                    "2",
+                )  # fmt: skip
             )
             api, url = start_api(server.url, PREFIX, logs / "api.log")
             children.append(api)
@@ -115,10 +125,10 @@ def test_load_shapes(name: str) -> None:
 
 def test_sse_framing_and_timings() -> None:
     body = (
-        b": ping\n\nid: 1\ndata: {\"choices\": [{\"delta\": {\"content\": \"Hel\"}}]}\n\n"
-        b"data: {\"choices\": [{\"delta\": {\"content\": \"lo\"}}],\r\n"
-        b"data:  \"usage\": null}\r\n\r\n"
-        b"data: {\"error\": {\"message\": \"boom\"}}\n\ndata: [DONE]\n\n"
+        b': ping\n\nid: 1\ndata: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+        b'data: {"choices": [{"delta": {"content": "lo"}}],\r\n'
+        b'data:  "usage": null}\r\n\r\n'
+        b'data: {"error": {"message": "boom"}}\n\ndata: [DONE]\n\n'
     )
     events = list(sse_data(body.splitlines(keepends=True)))
     assert events[0] == '{"choices": [{"delta": {"content": "Hel"}}]}'
