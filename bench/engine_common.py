@@ -153,3 +153,39 @@ def header(results: dict, title: str) -> list[str]:
         f"Ceilings measured in the same run: read bandwidth {ceil['read_gbps']:.0f} GB/s (large reduction), "
         f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s.",
     ]
+
+
+def run_model_benchmark(tag: str, stem: str, args, measure_model, markdown) -> dict:
+    """The shared driver of the engine benchmarks: environment and ceilings, then each model of
+    `args.models`, writing JSON + markdown after every model so a later failure keeps the earlier figures.
+
+    Args:
+        tag: log prefix, e.g. "decode".
+        stem: results file name stem.
+        args: parsed flags with models, out, dry_run and skip_hf.
+        measure_model: (name, device, ceilings, dry_run, skip_hf) -> dict of figures.
+        markdown: results -> the markdown report.
+    """
+    import torch
+
+    from bench.roofline import check_arithmetic
+
+    check_arithmetic()
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    results: dict = {"meta": environment(device), "ceilings": ceilings(device, args.dry_run), "models": {}}
+    print(f"[{tag}] {results['meta']} {results['ceilings']}", flush=True)
+    out = Path(args.out)
+    for name in [m for m in args.models.split(",") if m]:
+        try:
+            results["models"][name] = measure_model(name, device, results["ceilings"], args.dry_run, args.skip_hf)
+        except Exception as exc:  # keep the other model's figures; the error goes into the report
+            import traceback
+
+            traceback.print_exc()
+            results["models"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"[{tag}] {name}: {results['models'][name]}", flush=True)
+        write_results(out, stem, results, markdown(results))
+    print(markdown(results), flush=True)
+    return results

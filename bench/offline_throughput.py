@@ -299,31 +299,9 @@ def markdown(results: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    args = _parse_args(argv)
-    import torch
+    from bench.engine_common import run_model_benchmark
 
-    from bench.engine_common import ceilings, environment, write_results
-    from bench.roofline import check_arithmetic
-
-    check_arithmetic()
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run")
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    results: dict = {"meta": environment(device), "ceilings": ceilings(device, args.dry_run), "models": {}}
-    print(f"[offline] {results['meta']} {results['ceilings']}", flush=True)
-    out = Path(args.out)
-    for name in [m for m in args.models.split(",") if m]:
-        try:
-            results["models"][name] = measure_model(name, device, results["ceilings"], args.dry_run, args.skip_hf)
-        except Exception as exc:  # keep the other model's figures; the error goes into the report
-            import traceback
-
-            traceback.print_exc()
-            results["models"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(f"[offline] {name}: {results['models'][name]}", flush=True)
-        write_results(out, STEM, results, markdown(results))
-    print(markdown(results), flush=True)
-    return results
+    return run_model_benchmark("offline", STEM, _parse_args(argv), measure_model, markdown)
 
 
 if __name__ == "__main__":
