@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import redis
 
@@ -34,28 +33,12 @@ from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name
 from worker.publisher import Batch, Publisher
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
+from worker.step_log import STEP_LOG_SIZE, StepLog, parent_id
 from worker.window import BatchWindow
 
 logger = logging.getLogger(__name__)
 
-STEP_LOG_SIZE = 4096
 PUBLISHER_CLOSE_TIMEOUT_S = 5.0
-
-
-@dataclass
-class StepLog:
-    """What one engine step did, kept for tests and debugging (the last STEP_LOG_SIZE steps)."""
-
-    step: int
-    time: float
-    scheduled: dict[str, int]  # internal request id -> new tokens
-    new_request_ids: list[str]  # first scheduled (prefill started) in this step
-    num_free_kv_tokens: int
-    running_request_ids: list[str]
-
-
-def _parent_id(internal_id: str) -> str:
-    return internal_id.split("#", 1)[0]  # the engine runs n > 1 choices as "{id}#{index}"
 
 
 class Worker:
@@ -346,7 +329,7 @@ class Worker:
         self.metrics.step_seconds.observe(time.monotonic() - started)
         record = self.engine.last_step
         for internal_id in record.new_request_ids:
-            job = self.jobs.get(_parent_id(internal_id))
+            job = self.jobs.get(parent_id(internal_id))
             if job is not None:
                 job.started = True
         events, finished = events_for_outputs(self.jobs, outputs, self.consumer)
