@@ -77,12 +77,16 @@ def sequential(base: str, prompts: list[list[int]], new_tokens: int) -> tuple[li
     return [(r["first"] - r["start"]) * 1000 for r in rows], [(r["headers"] - r["start"]) * 1000 for r in rows]
 
 
-def run_clients(base: str, jobs: list[tuple[list[int], int]]) -> tuple[list[dict], float, float]:
-    """All jobs at once from CLIENT_PROCS processes: (rows, the clients' CPU seconds, wall seconds)."""
+def run_clients(bases: str | list[str], jobs: list[tuple[list[int], int]]) -> tuple[list[dict], float, float]:
+    """All jobs at once from CLIENT_PROCS processes: (rows, the clients' CPU seconds, wall seconds).
+    With several API replicas (bases), client process i talks to bases[i % len(bases)]."""
+    bases = [bases] if isinstance(bases, str) else bases
     shares = [jobs[i::CLIENT_PROCS] for i in range(CLIENT_PROCS)]
     start_at = time.perf_counter() + 2.0  # CLOCK_MONOTONIC: the same clock in every process
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(CLIENT_PROCS) as pool:
-        parts = pool.starmap(_client_proc, [(base, share, start_at) for share in shares if share])
+        parts = pool.starmap(
+            _client_proc, [(bases[i % len(bases)], share, start_at) for i, share in enumerate(shares) if share]
+        )
     rows = [row for part, _ in parts for row in part]
     return rows, sum(cpu for _, cpu in parts), max(r["end"] for r in rows) - start_at

@@ -56,6 +56,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--batch-window-ms", type=float, default=BATCH_WINDOW_MS)
     parser.add_argument("--num-seqs", type=int, default=None, help="override the workload's sequence count")
+    parser.add_argument(
+        "--api-replicas", type=int, default=1, help="API processes (stateless replicas); clients spread over them"
+    )
     parser.add_argument("--child", choices=("offline", "worker"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
@@ -217,8 +220,10 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
     redis_server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
     if not redis_server:
         raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
-    redis_port, api_port = _free_port(), _free_port()
-    redis_url, base = f"redis://127.0.0.1:{redis_port}/0", f"http://127.0.0.1:{api_port}"
+    redis_port, api_ports = _free_port(), [_free_port() for _ in range(args.api_replicas)]
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    bases = [f"http://127.0.0.1:{port}" for port in api_ports]
+    base = bases[0]
     redis_env = {}
     if os.environ.get("INFERQ_REDIS_LIB"):  # a carried binary's libraries, for redis-server alone
         redis_env["LD_LIBRARY_PATH"] = os.environ["INFERQ_REDIS_LIB"]
@@ -233,22 +238,32 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
         worker = service.start("worker", [*child, "--child", "worker", "--redis-url", redis_url,
                                           "--batch-window-ms", str(args.batch_window_ms), *flags])  # fmt: skip
-        api = service.start("api", [sys.executable, "-m", "api"], {
-            "INFERQ_REDIS_URL": redis_url,
-            "INFERQ_REDIS_MAX_CONNECTIONS": str(API_REDIS_MAX_CONNECTIONS),
-            "INFERQ_HOST": "127.0.0.1", "INFERQ_PORT": str(api_port),
-            "INFERQ_MAX_QUEUED_REQUESTS": str(4 * NUM_SEQS),
-            "INFERQ_MAX_QUEUED_PROMPT_TOKENS": str(10**8)})  # fmt: skip
-        service.wait_ready(base, 300)
+        apis = [
+            service.start(
+                f"api{i}" if i else "api",
+                [sys.executable, "-m", "api"],
+                {
+                    "INFERQ_REDIS_URL": redis_url,
+                    "INFERQ_REDIS_MAX_CONNECTIONS": str(API_REDIS_MAX_CONNECTIONS),
+                    "INFERQ_HOST": "127.0.0.1",
+                    "INFERQ_PORT": str(port),
+                    "INFERQ_MAX_QUEUED_REQUESTS": str(4 * NUM_SEQS),
+                    "INFERQ_MAX_QUEUED_PROMPT_TOKENS": str(10**8),
+                },
+            )  # fmt: skip
+            for i, port in enumerate(api_ports)
+        ]
+        for api_base in bases:
+            service.wait_ready(api_base, 300)
         new_tokens = _shape(args.dry_run)[5]
         warm, _, warm_out = workload(_vocab(directory), 8, 16, 300, seed=3)
         run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])
         sequential(base, ttft_prompts[:3], new_tokens)
         ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
-        pids = {"api": api.pid, "worker": worker.pid, "redis": redis.pid}
-        cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
-        rows, client_cpu, elapsed = run_clients(base, list(zip(prompts, output_lens, strict=True)))
-        cpu = {name: _cpu_s(pid) - cpu_before[name] for name, pid in pids.items()}
+        pids = {"api": [a.pid for a in apis], "worker": [worker.pid], "redis": [redis.pid]}
+        cpu_before = {name: sum(map(_cpu_s, group)) for name, group in pids.items()}
+        rows, client_cpu, elapsed = run_clients(bases, list(zip(prompts, output_lens, strict=True)))
+        cpu = {name: sum(map(_cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
         service.check()
     finally:
         service.stop()
@@ -267,6 +282,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "cpu_s": {**cpu, "clients": client_cpu},
         "cpu_frac_of_elapsed": {name: s / elapsed for name, s in {**cpu, "clients": client_cpu}.items()},
         "client_procs": CLIENT_PROCS,
+        "api_replicas": args.api_replicas,
         "batch_window_ms": args.batch_window_ms,
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
     }
@@ -315,7 +331,8 @@ def markdown(r: dict) -> str:
         f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
         f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
         f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
-        f"{svc['client_procs']} client processes), through `python -m api` (uvicorn, one process), a private "
+        f"{svc['client_procs']} client processes), through {svc.get('api_replicas', 1)} `python -m api` "
+        "process(es) (uvicorn; client processes spread over them), a private "
         f"redis-server (AOF everysec; the API's Redis pool set to {svc['api_redis_max_connections']} connections: "
         f"it holds one pub/sub connection per stream) and one worker (batch window {svc['batch_window_ms']:g} ms); "
         "the offline "
@@ -360,7 +377,8 @@ def main(argv=None) -> dict | None:
     print("[service] phase 2: the service", flush=True)
     service = _measure_service(args, directory, out)
     results = _result(args, offline, service, directory)
-    write_results(out, STEM, results, markdown(results))
+    stem = STEM if args.api_replicas == 1 else f"{STEM}_{args.api_replicas}api"
+    write_results(out, stem, results, markdown(results))
     print(json.dumps(results, indent=1), flush=True)
     print(markdown(results), flush=True)
     return results
