@@ -20,11 +20,6 @@ class ApiKeys:
     def wire(self) -> Keys:
         return Keys(self.prefix)
 
-    @property
-    def tokenizer(self) -> str:
-        """Hash written by workers: sha256, tokenizer_json, chat_template, bos_token, eos_token."""
-        return f"{self.prefix}:tokenizer"
-
     def meta(self, request_id: str) -> str:
         """Hash: owner, kind, model, created, n, include_usage, logprobs (to resume anywhere)."""
         return f"{self.prefix}:api:req:{request_id}"

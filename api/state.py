@@ -52,7 +52,7 @@ class AppState:
             keys=keys,
             admission=Admission(redis, keys, settings),
             models=ModelRegistry(redis, keys.wire, settings.served_model_name),
-            tokenizers=TokenizerCache(keys.tokenizer),
+            tokenizers=TokenizerCache(keys.wire.tokenizer),
             metrics=metrics,
         )
 

@@ -184,7 +184,8 @@ GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
 
 
 def markdown(results: dict) -> str:
-    from bench.engine_common import header, table
+    from bench.engine_common import header
+    from bench.report import table
 
     rows = []
     for name, r in results["models"].items():

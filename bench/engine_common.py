@@ -123,18 +123,6 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """Markdown table; columns are (key, header, format spec); missing values print '-'."""
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = []
-        for key, _, spec in columns:
-            value = row.get(key)
-            cells.append("-" if value is None else format(value, spec) if spec else str(value))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def write_results(out: Path, stem: str, results: dict, markdown: str) -> None:
     """JSON and markdown, rewritten after every model so that a cut-off run keeps what it measured."""
     out.mkdir(parents=True, exist_ok=True)

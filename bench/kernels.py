@@ -19,6 +19,8 @@ import platform
 import sys
 from pathlib import Path
 
+from bench.report import table
+
 SUITES = ("prefill", "decode", "small")
 PREFILL_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 DECODE_CASES = ((1, 4096), (1, 65536), (16, 4096), (64, 2048), (256, 1024))
@@ -57,19 +59,8 @@ def _environment(device) -> dict:
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """Markdown table of rows; columns are (key, header, format spec).
-
-    A column no row has is left out (the dry run's SDPA math peer, say); a key only some rows have prints '-'.
-    """
-    columns = [c for c in columns if any(c[0] in row for row in rows)]
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = []
-        for key, _, spec in columns:
-            value = row.get(key)
-            cells.append("-" if value is None else format(value, spec) if spec else str(value))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """A column no row has is left out (the dry run's SDPA math peer, say)."""
+    return table(rows, columns, drop_absent=True)
 
 
 def _markdown(results: dict) -> str:

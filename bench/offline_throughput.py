@@ -202,7 +202,8 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
 
 
 def markdown(results: dict) -> str:
-    from bench.engine_common import header, table
+    from bench.engine_common import header
+    from bench.report import table
 
     rows, peers, host = [], [], []
     for name, r in results["models"].items():

@@ -310,7 +310,7 @@ def _result(args, offline: dict, service: dict, directory: Path) -> dict:
 
 
 def markdown(r: dict) -> str:
-    from bench.engine_common import table
+    from bench.report import table
 
     meta, off, svc, w = r["meta"], r["offline"], r["service"], r["workload"]
     rows = [
