@@ -262,8 +262,10 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
         pids = {"api": [a.pid for a in apis], "worker": [worker.pid], "redis": [redis.pid]}
         cpu_before = {name: sum(map(_cpu_s, group)) for name, group in pids.items()}
+        profiler = _start_profiler(worker.pid, out)
         rows, client_cpu, elapsed = run_clients(bases, list(zip(prompts, output_lens, strict=True)))
         cpu = {name: sum(map(_cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
+        _stop_profiler(profiler)
         service.check()
     finally:
         service.stop()
@@ -286,6 +288,27 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "batch_window_ms": args.batch_window_ms,
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
     }
+
+
+def _start_profiler(pid: int, out: Path) -> subprocess.Popen | None:
+    """With BENCH_PYSPY=1 and py-spy on PATH: sample the worker's Python stacks (threads, only those
+    holding the GIL, without pausing it) during the throughput run, into {STEM}_worker_pyspy.txt
+    (py-spy's raw format: one 'stack count' line per distinct stack)."""
+    if os.environ.get("BENCH_PYSPY") != "1" or not shutil.which("py-spy"):
+        return None
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--threads", "--gil", "--nonblocking",
+                             "--rate", "200", "--format", "raw", "--output", str(out / f"{STEM}_worker_pyspy.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def _stop_profiler(profiler: subprocess.Popen | None) -> None:
+    if profiler is None:
+        return
+    profiler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        profiler.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
 
 
 def _vocab(directory: Path) -> int:

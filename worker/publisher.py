@@ -8,6 +8,9 @@ Exactly once: result events are XADDed with explicit ids "0-{seq}". A retry afte
 (or another worker that resumed the request) gets "ID equal or smaller" back: the event is
 already there. When the entry there was written by a different worker, this worker has lost
 the request; `on_lost(request_id)` tells the loop to drop its copy.
+
+The events of a batch go to Redis as one Lua call (worker/event_script.py): per-command packing
+and reply parsing in Python cost more GIL than the engine loop could spare at full batch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.protocol import Keys, ResultEvent, encode_event, event_to_json, stream_id
+from worker.event_script import write_events_args
+from worker.protocol import Keys, ResultEvent, encode_event_for_write, stream_id
 from worker.redis_client import CONNECTION_ERRORS, Backoff, is_duplicate_id
 
 logger = logging.getLogger(__name__)
@@ -31,6 +35,10 @@ logger = logging.getLogger(__name__)
 HANDOFF_IDLE_MS = 10**10
 MAX_MERGED_BATCHES = 64
 DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
+# A result stream's EXPIRE is refreshed when this fraction of its TTL has passed since the last
+# refresh (and on every terminal event), not on every write: a stream then never expires while its
+# request runs, lives result_ttl_s after its last event, and costs no EXPIRE per token.
+EXPIRE_REFRESH_FRACTION = 0.25
 
 
 @dataclass
@@ -65,7 +73,8 @@ class Publisher:
     client: Redis client (thread-safe pool).
     keys: key names.
     consumer: this worker's consumer name (marks its events; owns its hand-offs).
-    result_ttl_s: EXPIRE refreshed on every write to a result stream.
+    result_ttl_s: a result stream expires this long after its last event (EXPIRE is refreshed on
+        terminal events and every EXPIRE_REFRESH_FRACTION of it while the stream is written).
     on_lost: called from the publisher thread with a request id another worker now writes.
     on_written: called with (num_events, num_duplicates) after each successful write (metrics).
     """
@@ -92,6 +101,7 @@ class Publisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-publisher", daemon=True)
         self.backoff = Backoff()
+        self._expire_refreshed: dict[str, float] = {}  # result stream -> monotonic time of its last EXPIRE
 
     def start(self) -> None:
         self._thread.start()
@@ -172,13 +182,8 @@ class Publisher:
 
     def _write(self, batch: Batch) -> None:
         pipe = self.client.pipeline(transaction=True)
-        streams: dict[str, None] = {}
-        for write in batch.events:
-            pipe.xadd(write.stream, encode_event(write.event), id=stream_id(write.event.seq))
-            pipe.publish(write.channel, event_to_json(write.event))
-            streams[write.stream] = None
-        for stream in streams:
-            pipe.expire(stream, self.result_ttl_s)
+        if batch.events:
+            pipe.execute_command("EVAL", *write_events_args(self.result_ttl_s, self._event_writes(batch.events)))
         for letter in batch.dead_letters:
             pipe.xadd(self.keys.dead, letter, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
         if batch.acks:
@@ -189,20 +194,41 @@ class Publisher:
             )
         results = pipe.execute(raise_on_error=False)
         num_duplicates = 0
-        for i, write in enumerate(batch.events):
-            result = results[2 * i]
-            if is_duplicate_id(result):
-                num_duplicates += 1
-                self._check_owner(write)
-            elif isinstance(result, Exception):
-                logger.error(
-                    "cannot write event %d of %s to %s: %s", write.event.seq, write.request_id, write.stream, result
-                )
-        for result in results[2 * len(batch.events) :]:
+        if batch.events:
+            statuses, results = results[0], results[1:]
+            if isinstance(statuses, Exception):  # the script itself was refused: retry the batch (ids dedupe)
+                self._expire_refreshed.clear()
+                raise statuses
+            for write, status in zip(batch.events, statuses, strict=True):
+                if status == 1:
+                    continue
+                if is_duplicate_id(status):
+                    num_duplicates += 1
+                    self._check_owner(write)
+                else:
+                    logger.error("cannot write event %d of %s to %s: %r", write.event.seq, write.request_id,
+                                 write.stream, status)  # fmt: skip
+        for result in results:
             if isinstance(result, Exception):
                 logger.error("publisher: Redis refused a command: %s", result)
         if self.on_written is not None:
             self.on_written(len(batch.events), num_duplicates)
+
+    def _event_writes(self, events: list[EventWrite]) -> list[tuple[str, str, str, str, bool, dict[str, str]]]:
+        now = time.monotonic()
+        refresh_after = self.result_ttl_s * EXPIRE_REFRESH_FRACTION
+        writes = []
+        for write in events:
+            fields, payload = encode_event_for_write(write.event)
+            terminal = write.event.is_terminal_for_choice
+            last = self._expire_refreshed.get(write.stream)
+            expire = terminal or last is None or now - last >= refresh_after
+            if terminal:
+                self._expire_refreshed.pop(write.stream, None)
+            elif expire:
+                self._expire_refreshed[write.stream] = now
+            writes.append((write.stream, stream_id(write.event.seq), write.channel, payload, expire, fields))
+        return writes
 
     def _check_owner(self, write: EventWrite) -> None:
         """A duplicate id is our own earlier write (a retry) or another worker's: only the latter is a loss."""

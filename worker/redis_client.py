@@ -37,9 +37,14 @@ def is_nogroup(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and str(exc).startswith("NOGROUP")
 
 
-def is_duplicate_id(exc: BaseException) -> bool:
-    """XADD with an explicit id at or below the stream's top: the event is already written."""
-    return isinstance(exc, redis.ResponseError) and "equal or smaller" in str(exc)
+def is_duplicate_id(error: BaseException | str | bytes) -> bool:
+    """XADD with an explicit id at or below the stream's top: the event is already written.
+    Takes the exception redis-py raised or the error text a script returned."""
+    if isinstance(error, bytes):
+        error = error.decode(errors="replace")
+    if isinstance(error, BaseException) and not isinstance(error, redis.ResponseError):
+        return False
+    return "equal or smaller" in str(error)
 
 
 class Backoff:

@@ -58,7 +58,8 @@ METHOD_COMMANDS: dict[str, set[str]] = {
     "register_script": {"evalsha", "script|load"},
 }  # fmt: skip
 # Methods and submodules of redis-py that send no command of their own.
-NOT_COMMANDS = {"pipeline", "execute", "pubsub", "get_message", "close", "aclose", "from_url", "call"}
+NOT_COMMANDS = {"pipeline", "execute", "pubsub", "get_message", "close", "aclose", "from_url", "call", "pcall"}
+NOT_COMMANDS |= {"execute_command"}  # its command is its first argument: _RAW_COMMAND reads it
 NOT_COMMANDS |= {"asyncio", "exceptions", "backoff", "retry"}
 # NOTE: redis-py health checks (health_check_interval) send PING on idle connections in both
 # services, whether or not the code calls ping() itself.
@@ -67,7 +68,8 @@ IMPLICIT = {"ping"}
 # Calls, and method references passed along (`self._with_group(self.client.xreadgroup, ...)`).
 _CALL = re.compile(r"\b(?:client|redis|pipe|_pubsub|pubsub)\.([a-z_]+)\b")
 _TRANSACTION = re.compile(r"\.pipeline\(\s*transaction\s*=\s*True")
-_LUA_CALL = re.compile(r"redis\.call\(\s*'([A-Za-z]+)'")
+_LUA_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
+_RAW_COMMAND = re.compile(r"\.execute_command\(\s*[\"']([A-Za-z]+)[\"']")
 
 
 def commands_used(package: str) -> tuple[set[str], dict[str, list[str]]]:
@@ -84,4 +86,5 @@ def commands_used(package: str) -> tuple[set[str], dict[str, list[str]]]:
         if _TRANSACTION.search(source):
             used |= {"multi", "exec"}
         used |= {name.lower() for name in _LUA_CALL.findall(source)}
+        used |= {name.lower() for name in _RAW_COMMAND.findall(source)}
     return used, unknown

@@ -11,7 +11,7 @@ import pytest
 from tests.worker.harness import read_events
 from worker.intake import Intake
 from worker.lease import LeaseKeeper
-from worker.protocol import Keys, ResultEvent
+from worker.protocol import Keys, ResultEvent, decode_event
 from worker.publisher import HANDOFF_IDLE_MS, Batch, EventWrite, Publisher
 from worker.resume import fetch_priors
 
@@ -70,6 +70,47 @@ def test_publisher_acknowledges_after_the_terminal_event_and_hands_off(redis_ser
     assert pending["message_id"].decode() == handoff_id
     assert pending["time_since_delivered"] >= HANDOFF_IDLE_MS  # claimable by anyone at once
     assert [e.type for _, e in read_events(client, keys, "a")] == ["token", "done"]
+
+
+def test_publisher_announces_each_event_once_in_order(redis_server, prefix):
+    """Live copies go out with their stream entries; a retried write is not announced again."""
+    keys, client = Keys(prefix), redis_server.client()
+    pubsub = client.pubsub()
+    pubsub.subscribe(keys.events("r1"))
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    publisher, _, written = _publisher(client, keys)
+    batch = _write(keys, "r1", _token(1, 10), _token(2, 11))
+    publisher.submit(batch)
+    publisher.submit(batch)
+    publisher.submit(_write(keys, "r1", ResultEvent(seq=3, type="done", finish_reason="length", worker="w1")))
+    assert publisher.close(5)
+    messages = []
+    while (message := pubsub.get_message(timeout=0.5)) is not None:
+        messages.append(decode_event(message["data"]))
+    pubsub.close()
+    assert [(e.seq, e.type, e.token_ids) for e in messages] == [
+        (1, "token", [10]),
+        (2, "token", [11]),
+        (3, "done", None),
+    ]
+    assert sum(n for n, _ in written) == 5 and sum(d for _, d in written) == 2  # batches may be merged
+
+
+def test_publisher_refreshes_expiry_on_first_and_terminal_events_not_per_token(redis_server, prefix):
+    keys, client = Keys(prefix), redis_server.client()
+    publisher, _, _ = _publisher(client, keys)  # result_ttl_s = 60
+    stream = keys.result("r1")
+    publisher.submit(_write(keys, "r1", _token(1, 10)))
+    assert publisher.flush(5)
+    assert 55 < client.ttl(stream) <= 60  # the first write sets it
+    client.expire(stream, 1000)  # a token event soon after must not touch it (no EXPIRE per token)
+    publisher.submit(_write(keys, "r1", _token(2, 11)))
+    assert publisher.flush(5)
+    assert client.ttl(stream) > 900
+    publisher.submit(_write(keys, "r1", ResultEvent(seq=3, type="done", finish_reason="stop", worker="w1")))
+    assert publisher.flush(5)
+    assert 55 < client.ttl(stream) <= 60  # the stream lives result_ttl_s after its last event
+    assert publisher.close(5)
 
 
 def test_publisher_keeps_events_while_redis_is_down(redis_server, prefix):

@@ -18,7 +18,14 @@ resumed request's output exactly-once. Live copies of the same events go to the 
 """
 
 # NOTE: the package re-exports the whole contract, so `from worker.protocol import X` is the one import.
-from worker.protocol.events import ResultEvent, decode_event, encode_event, event_to_json, is_complete
+from worker.protocol.events import (
+    ResultEvent,
+    decode_event,
+    encode_event,
+    encode_event_for_write,
+    event_to_json,
+    is_complete,
+)
 from worker.protocol.names import (
     DEFAULT_CANCEL_TTL_S,
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -64,6 +71,7 @@ __all__ = [
     "decode_request",
     "encode_dead_letter",
     "encode_event",
+    "encode_event_for_write",
     "encode_request",
     "event_to_json",
     "is_complete",

@@ -72,19 +72,29 @@ def _event_items(event: ResultEvent) -> dict[str, Any]:
 
 
 _JSON_EVENT_FIELDS = ("token_ids", "logprobs", "usage")
+# One encoder for every event: json.dumps(..., ensure_ascii=False) builds a new JSONEncoder per call,
+# a measurable share of a worker's time at one event per sequence per step.
+_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
+def _fields_of(items: dict[str, Any]) -> dict[str, str]:
+    return {name: _JSON.encode(value) if name in _JSON_EVENT_FIELDS else str(value) for name, value in items.items()}
 
 
 def encode_event(event: ResultEvent) -> dict[str, str]:
     """XADD fields of an event (all strings; token_ids, logprobs and usage as JSON)."""
-    fields = {}
-    for name, value in _event_items(event).items():
-        fields[name] = json.dumps(value, ensure_ascii=False) if name in _JSON_EVENT_FIELDS else str(value)
-    return fields
+    return _fields_of(_event_items(event))
 
 
 def event_to_json(event: ResultEvent) -> str:
     """The pub/sub payload: one JSON object with the same keys, seq and index as ints."""
-    return json.dumps(_event_items(event), ensure_ascii=False)
+    return _JSON.encode(_event_items(event))
+
+
+def encode_event_for_write(event: ResultEvent) -> tuple[dict[str, str], str]:
+    """(XADD fields, pub/sub payload) of one event, validated once: what a worker writes per token."""
+    items = _event_items(event)
+    return _fields_of(items), _JSON.encode(items)
 
 
 def decode_event(fields: Mapping[Any, Any] | str | bytes) -> ResultEvent:
