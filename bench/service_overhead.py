@@ -155,6 +155,10 @@ def _worker_child(args: argparse.Namespace) -> None:
         metrics_port=0,
     )
     worker = Worker(settings, engine)
+    if args.result:
+        from bench.worker_phases import WorkerPhases
+
+        WorkerPhases(worker, Path(args.result))  # SIGUSR1 / SIGUSR2 from the parent bracket the run
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop(force=True))
     worker.run()
 
@@ -236,7 +240,10 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
                               redis_env)  # fmt: skip
         child = [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory)]
         flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
+        phases_path = out / f"{STEM}_worker_phases_tmp.json"
+        phases_path.unlink(missing_ok=True)
         worker = service.start("worker", [*child, "--child", "worker", "--redis-url", redis_url,
+                                          "--result", str(phases_path),
                                           "--batch-window-ms", str(args.batch_window_ms), *flags])  # fmt: skip
         apis = [
             service.start(
@@ -263,9 +270,12 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         pids = {"api": [a.pid for a in apis], "worker": [worker.pid], "redis": [redis.pid]}
         cpu_before = {name: sum(map(_cpu_s, group)) for name, group in pids.items()}
         profiler = _start_profiler(worker.pid, out)
+        worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
         rows, client_cpu, elapsed = run_clients(bases, list(zip(prompts, output_lens, strict=True)))
         cpu = {name: sum(map(_cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
+        worker.send_signal(signal.SIGUSR2)
         _stop_profiler(profiler)
+        worker_phases = _read_when_written(phases_path, 10.0)
         service.check()
     finally:
         service.stop()
@@ -287,6 +297,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "api_replicas": args.api_replicas,
         "batch_window_ms": args.batch_window_ms,
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
+        "worker_phases": worker_phases,
     }
 
 
@@ -309,6 +320,34 @@ def _stop_profiler(profiler: subprocess.Popen | None) -> None:
         profiler.wait(timeout=30)
     except subprocess.TimeoutExpired:
         profiler.kill()
+
+
+def _read_when_written(path: Path, timeout_s: float) -> dict | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):  # not there yet, or half written
+            time.sleep(0.1)
+            continue
+        path.unlink()
+        return result
+    return None
+
+
+def _phases_line(phases: dict | None) -> str:
+    if not phases:
+        return ""
+    p = phases["phases_s"]
+    return (
+        f"Inside the worker over the throughput run ({phases['window_s']:.2f} s, {phases['steps']} engine steps, "
+        f"mean decode batch {phases['mean_decode_batch']:.0f}): engine steps {p.get('engine.step', 0):.2f} s "
+        f"(GPU busy {phases['gpu_busy_s']:.2f} s; host in the runner {phases['runner_host_s']:.2f} s, blocked on "
+        f"the GPU {phases['blocked_s']:.2f} s, scheduler/detokenizer/outputs {phases['engine_host_s']:.2f} s), "
+        f"events and bookkeeping after the step {p.get('_step', 0) - p.get('engine.step', 0):.2f} s, intake "
+        f"while running {p.get('_intake', 0):.2f} s (idle, waiting for work: {p.get('_intake_idle', 0):.2f} s), "
+        f"cancel checks {p.get('_check_cancels', 0):.2f} s, loop total {p.get('_iteration', 0):.2f} s."
+    )
 
 
 def _vocab(directory: Path) -> int:
@@ -374,6 +413,8 @@ def markdown(r: dict) -> str:
         "Under the full load the service's TTFT was "
         f"p50 {svc['loaded_ttft_p50_ms']:.0f} ms, p99 {svc['loaded_ttft_p99_ms']:.0f} ms. CPU used during the "
         f"throughput run, as a fraction of its wall time (1 = one core busy): {cpu}.",
+        "",
+        _phases_line(svc.get("worker_phases")),
         "",
     ])  # fmt: skip
 

@@ -5,7 +5,8 @@ Each iteration of `Worker.run`:
 2. intake: read messages while there are sequence slots and KV room; the first arrival opens the
    batch window, and what arrives inside it is admitted together (see window.py);
 3. one MGET of the running requests' cancel keys; drop not-yet-started requests past deadline;
-4. one engine step; its outputs become events handed to the publisher thread (no Redis wait).
+4. one engine step; its outputs become events handed to the publisher (a child process by default;
+   no Redis wait).
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -31,6 +32,7 @@ from worker.metrics import WorkerMetrics
 from worker.outputs import abort_events, events_for_outputs, write
 from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name, tokenizer_fields
 from worker.publisher import Batch, Publisher
+from worker.publisher_process import PublisherProcess
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
 from worker.step_log import STEP_LOG_SIZE, StepLog, parent_id
@@ -56,19 +58,31 @@ class Worker:
 
             engine = LLMEngine(settings.engine_config())
         self.engine = engine
-        self.client = make_client(settings.redis_url, socket_timeout=max(5.0, 2 * settings.idle_block_ms / 1000))
+        socket_timeout = max(5.0, 2 * settings.idle_block_ms / 1000)
+        self.client = make_client(settings.redis_url, socket_timeout=socket_timeout)
         self.metrics = WorkerMetrics()
         self.held = HeldMessages()
         self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
         self.admitter = Admitter(self.engine, self.client, self.keys, self.consumer, settings.max_deliveries)
-        self.publisher = Publisher(
-            self.client,
-            self.keys,
-            self.consumer,
-            settings.result_ttl_s,
-            on_lost=self.held.report_lost_request,
-            on_written=self._count_written,
-        )
+        if settings.publisher_process:
+            self.publisher: Publisher | PublisherProcess = PublisherProcess(
+                settings.redis_url,
+                socket_timeout,
+                settings.prefix,
+                self.consumer,
+                settings.result_ttl_s,
+                on_lost=self.held.report_lost_request,
+                on_written=self._count_written,
+            )
+        else:
+            self.publisher = Publisher(
+                self.client,
+                self.keys,
+                self.consumer,
+                settings.result_ttl_s,
+                on_lost=self.held.report_lost_request,
+                on_written=self._count_written,
+            )
         self.lease = LeaseKeeper(
             self.client,
             self.keys,

@@ -156,12 +156,14 @@ class Publisher:
                     break
                 merged.extend(more)
                 count += 1
-            self._write_until_done(merged)
+            self.write(merged)
             with self._lock:
                 self._num_done += count
                 self._lock.notify_all()
 
-    def _write_until_done(self, batch: Batch) -> None:
+    def write(self, batch: Batch) -> None:
+        """Write one batch now, retrying through Redis outages (the thread's body; the publisher
+        process calls it directly)."""
         while True:
             try:
                 self._write(batch)

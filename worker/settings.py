@@ -68,6 +68,10 @@ class WorkerSettings(BaseSettings):
         True, description="Trim acknowledged messages from the request stream (XTRIM MINID) every 30 s."
     )
     result_ttl_s: int = Field(DEFAULT_RESULT_TTL_S, ge=1, description="Result streams expire this long after a write.")
+    publisher_process: bool = Field(
+        True,
+        description="Write events to Redis from a child process (else a thread, which shares the engine loop's GIL).",
+    )
 
     # ---- liveness and shutdown ---------------------------------------------------------------------
     heartbeat_interval_s: float = Field(DEFAULT_HEARTBEAT_INTERVAL_S, gt=0, description="Heartbeat period.")

@@ -1,0 +1,77 @@
+"""Where a benchmarked worker's wall time goes: wall-clock totals of the loop's phases and of the
+engine's steps (with the runner's StepTimer: GPU busy time, host time before the sync, time
+blocked on the device), between two signals from the benchmark.
+
+SIGUSR1 starts a window (resets the totals), SIGUSR2 writes the window's totals as JSON. Used by
+bench/service_overhead.py's worker child only; the worker itself carries no timing code.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+# Worker methods timed (each call's wall time, summed); _iteration holds all the others.
+LOOP_PHASES = ("_iteration", "_intake", "_check_cancels", "_drop_late", "_drop_lost", "_step")
+
+
+class WorkerPhases:
+    def __init__(self, worker, result_path: Path) -> None:
+        from engine.step_timer import StepTimer
+
+        self.worker, self.result_path = worker, result_path
+        self.totals: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        for name in LOOP_PHASES:
+            setattr(worker, name, self._timed(name, getattr(worker, name)))
+        worker.engine.step = self._timed("engine.step", worker.engine.step)
+        worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
+        self.started = time.perf_counter()
+        signal.signal(signal.SIGUSR1, lambda signum, frame: self.reset())
+        signal.signal(signal.SIGUSR2, lambda signum, frame: self.write())
+
+    def _timed(self, name: str, fn):
+        engine = self.worker.engine
+
+        def timed(*args, **kwargs):
+            # an intake while the engine has nothing to run is waiting for work, not overhead
+            key = name if name != "_intake" or engine.has_unfinished_requests() else "_intake_idle"
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[key] = self.totals.get(key, 0.0) + time.perf_counter() - start
+                self.calls[key] = self.calls.get(key, 0) + 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.calls.clear()
+        self.timer.records.clear()
+        self.started = time.perf_counter()
+
+    def summary(self) -> dict:
+        records = self.timer.records
+        step_s = self.totals.get("engine.step", 0.0)
+        runner_host = sum(r.host_s for r in records)
+        blocked = sum(r.wait_s for r in records)
+        return {
+            "window_s": time.perf_counter() - self.started,
+            "phases_s": dict(self.totals),
+            "calls": dict(self.calls),
+            "steps": len(records),
+            "gpu_busy_s": sum(r.gpu_ms for r in records) / 1000,
+            "runner_host_s": runner_host,
+            "blocked_s": blocked,
+            # engine.step minus the runner: scheduler, detokenizer, outputs
+            "engine_host_s": step_s - runner_host - blocked,
+            "mean_decode_batch": (
+                sum(r.num_seqs for r in records if r.graphed) / max(1, sum(1 for r in records if r.graphed))
+            ),
+        }
+
+    def write(self) -> None:
+        self.result_path.write_text(json.dumps(self.summary(), indent=1))
