@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -209,7 +210,13 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ---- the step ---------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, during_forward: Callable[[], None] | None = None) -> list[RequestOutput]:
+        """One scheduling decision through the model; returns this step's outputs.
+
+        during_forward: called once the step's GPU work is launched and before the host waits for
+            it, so that a caller's own I/O (the worker's Redis reads) overlaps the forward pass.
+            It must not touch this engine (the step is half done); on CPU it runs after the forward.
+        """
         started = time.monotonic()
         sched = self.scheduler.schedule()
         self._num_steps += 1
@@ -217,7 +224,7 @@ class LLMEngine:
         if sched.is_empty:
             return []
         try:
-            result = self.runner.execute(sched)
+            result = self.runner.execute(sched, during_forward)
         except Exception as exc:  # a failing forward fails its step's requests, never the engine
             logger.exception("step %d failed", self._num_steps)
             return self._fail_step(sched, f"{type(exc).__name__}: {exc}")

@@ -13,6 +13,7 @@ forward, the LM head and sampling launches, and ONE device sync (the sampled tok
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -158,16 +159,17 @@ class ModelRunner:
         return meta, tensor(positions, torch.int64)
 
     # ---- one step -------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """Runs the step's forward pass and samples for requests that reach their end."""
+    def execute(self, sched: SchedulerOutput, during_forward: Callable[[], None] | None = None) -> ModelRunnerOutput:
+        """Runs the step's forward pass and samples for requests that reach their end.
+        during_forward (see LLMEngine.step) runs after the launches, before the step's one sync."""
         try:
-            return self._execute(sched)
+            return self._execute(sched, during_forward)
         except BaseException:
             self.inputs.invalidate_tables()  # the device's block table may not hold what the host recorded
             raise
 
     @torch.inference_mode()
-    def _execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+    def _execute(self, sched: SchedulerOutput, during_forward: Callable[[], None] | None) -> ModelRunnerOutput:
         timer = self.timer
         if timer is not None:
             timer.begin()
@@ -187,23 +189,30 @@ class ModelRunner:
         if not requests:
             if timer is not None:
                 timer.before_wait()
+            if during_forward is not None:
+                during_forward()
+            if timer is not None:
                 timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
             return ModelRunnerOutput([], [], [], [])
         rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
         logits = self.model.compute_logits(rows)  # [S, V] float32
         if all(map(_is_plain_greedy, requests)):
-            token_ids, errors = self._sample_greedy(logits, requests)
+            token_ids, errors = self._sample_greedy(logits, requests, during_forward)
             logprobs: list[Logprob | None] = [None] * len(requests)
         else:
             if timer is not None:
                 timer.before_wait()
+            if during_forward is not None:
+                during_forward()
             out = self.sampler(logits, requests)
             token_ids, logprobs, errors = out.token_ids, out.logprobs, out.errors
         if timer is not None:
             timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         return ModelRunnerOutput(requests, token_ids, logprobs, errors)
 
-    def _sample_greedy(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], list[str | None]]:
+    def _sample_greedy(
+        self, logits: torch.Tensor, requests: list[Request], during_forward: Callable[[], None] | None
+    ) -> tuple[list[int], list[str | None]]:
         """The Sampler's result for plain greedy rows, with one host sync instead of three.
 
         NOTE: a row is non-finite iff its sum is (a NaN or an infinity anywhere makes the sum
@@ -213,7 +222,9 @@ class ModelRunner:
         finite = torch.isfinite(logits.sum(dim=-1))  # [S]
         packed = torch.stack((token_ids, finite.to(torch.int64)))  # [2, S]
         if self.timer is not None:
-            self.timer.before_wait()
+            self.timer.before_wait()  # the caller's overlapped work counts as waiting, not runner host time
+        if during_forward is not None:
+            during_forward()
         tokens, ok = packed.tolist()  # the step's one sync
         errors = [None if good else f"non-finite logits at position {r.num_tokens}" for r, good in zip(requests, ok)]
         return tokens, errors

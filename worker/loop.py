@@ -7,6 +7,9 @@ Each iteration of `Worker.run`:
 3. one MGET of the running requests' cancel keys; drop not-yet-started requests past deadline;
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
    no Redis wait).
+While the engine has work, the reads of 2 ride inside the step: the engine calls
+`_read_during_step` once the forward pass is launched, so they overlap the GPU, and the next
+iteration admits what they found before stepping again.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -199,8 +202,14 @@ class Worker:
     # ---- one iteration -----------------------------------------------------------------------------
     def _iteration(self) -> None:
         self._drop_lost()
-        if not self.is_draining:
+        if self.engine.has_unfinished_requests():
+            # Busy: new messages were read while the last step's forward pass was on the GPU
+            # (_read_during_step); admitting them changes the engine, so it happens here.
+            self._admit_if_due()
+        elif not self.is_draining:
             self._intake()
+        # NOTE: cancels stay a round trip before each step, not inside it: read during step k, a
+        # cancel set just after that read would wait for step k + 2, past the two-step bound.
         if self.jobs and self._redis_usable():
             self._redis_call(self._check_cancels)
         self._drop_late()
@@ -208,6 +217,15 @@ class Worker:
             self._step()
         elif self.redis_backoff.is_failing:
             time.sleep(0.02)  # idle while Redis is away: do not spin
+
+    def _read_during_step(self) -> None:
+        """The engine's during_forward hook: read new messages into the window while the GPU runs
+        the step. Redis only; the engine is mid-step and is not touched."""
+        try:
+            if self._redis_usable() and not self.is_draining:
+                self._redis_call(self._read)
+        except Exception:  # a bug here must not fail the step's requests
+            logger.exception("reading from Redis during a step failed")
 
     def _redis_usable(self) -> bool:
         return not self.redis_backoff.is_failing or self.redis_backoff.may_retry
@@ -261,6 +279,17 @@ class Worker:
 
     def _read_and_admit(self) -> bool:
         """Own pending first, then abandoned messages, then new ones. Returns whether it reached Redis."""
+        reached = self._read()
+        if self.window.is_due(self._num_free_slots()):
+            # NOTE: admit() does all its Redis reads before touching the engine, so a failure here
+            # leaves the window as it was, to be admitted on a later try.
+            self._admit(self.window.deliveries)
+            self.window.take()
+            reached = True
+        return reached
+
+    def _read(self) -> bool:
+        """Redis reads into the window only (safe while the engine is mid-step)."""
         reached = False
         if self._need_own_pending:
             self._receive(self.intake.read_own_pending(max(1, self._num_free_slots())))
@@ -273,13 +302,16 @@ class Worker:
         if self._num_free_slots() > 0 and self._has_kv_room():
             self._receive(self.intake.read_new(self._num_free_slots(), self._block_ms()))
             reached = True
-        if self.window.is_due(self._num_free_slots()):
-            # NOTE: admit() does all its Redis reads before touching the engine, so a failure here
-            # leaves the window as it was, to be admitted on a later try.
-            self._admit(self.window.deliveries)
-            self.window.take()
-            reached = True
         return reached
+
+    def _admit_if_due(self) -> None:
+        if len(self.window) and self.window.is_due(self._num_free_slots()) and self._redis_usable():
+            self._redis_call(self._admit_window)
+
+    def _admit_window(self) -> bool:
+        self._admit(self.window.deliveries)  # see _read_and_admit
+        self.window.take()
+        return True
 
     def _receive(self, deliveries) -> None:
         fresh = self.held.add_new([d.message_id for d in deliveries])
@@ -339,7 +371,7 @@ class Worker:
     # ---- stepping ----------------------------------------------------------------------------------
     def _step(self) -> None:
         started = time.monotonic()
-        outputs = self.engine.step()
+        outputs = self.engine.step(during_forward=self._read_during_step)
         self.metrics.step_seconds.observe(time.monotonic() - started)
         record = self.engine.last_step
         for internal_id in record.new_request_ids:
