@@ -33,6 +33,10 @@ _CONTEXT_TOKENS = 4
 # U+FFFD per byte, a byte-level one a single U+FFFD for all of them. More trailing
 # replacement characters than this are invalid bytes that no later token can fix.
 _MAX_PENDING_REPLACEMENTS = 3
+# A clean window is cut back to _CONTEXT_TOKENS only once it holds this many tokens: cutting
+# costs a second decode (the kept tail's text), so cutting at every clean step doubled the
+# detokenizer's decode calls; decoding a 16-token window costs about what a 5-token one does.
+_CUT_AT_TOKENS = 16
 # A window whose text does not end cleanly (a big step that ends inside a character, a run of
 # invalid bytes) is cut anyway past this many tokens, so a step stays O(window).
 _MAX_WINDOW_TOKENS = 64
@@ -88,7 +92,7 @@ class IncrementalDetokenizer:
 
         # NOTE: `_window` holds the only token ids kept; `_taken` is how many characters of
         # decode(_window) have already moved on (to `_held` or out). The window is cut back to
-        # `_CONTEXT_TOKENS` whenever its text ends cleanly, so decoding it stays O(window).
+        # `_CONTEXT_TOKENS` when its text ends cleanly (past _CUT_AT_TOKENS), so decoding it stays O(window).
         start = max(0, len(context_token_ids) - _CONTEXT_TOKENS)
         # Start the window on a token that begins a character: a window that starts with the tail
         # bytes of one would show a U+FFFD there, and a context of only such tokens would be
@@ -132,7 +136,7 @@ class IncrementalDetokenizer:
         new_text = window_text[self._taken : stable]
         self._taken = max(self._taken, stable)
         is_clean = self._taken == len(window_text)
-        if len(self._window) > _CONTEXT_TOKENS and (is_clean or len(self._window) > _MAX_WINDOW_TOKENS):
+        if len(self._window) >= _CUT_AT_TOKENS and (is_clean or len(self._window) > _MAX_WINDOW_TOKENS):
             new_text += self._cut_window(window_text)
         return self._release(new_text, final=False)
 
