@@ -68,7 +68,39 @@ class Batch:
         self.handoffs += other.handoffs
 
 
-class Publisher:
+class SubmissionCounter:
+    """How many batches were submitted and how many are written: num_pending, and flush() to wait
+    for the writes (shared by the thread publisher here and worker/publisher_process.py)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._num_submitted = 0
+        self._num_done = 0
+
+    @property
+    def num_pending(self) -> int:
+        with self._lock:
+            return self._num_submitted - self._num_done
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            target = self._num_submitted
+            while self._num_done < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def _mark_done(self, count: int) -> None:
+        """Called by the writing side with the lock held."""
+        self._num_done += count
+        self._lock.notify_all()
+
+
+class Publisher(SubmissionCounter):
     """Args:
     client: Redis client (thread-safe pool).
     keys: key names.
@@ -94,10 +126,8 @@ class Publisher:
         self.result_ttl_s = result_ttl_s
         self.on_lost = on_lost
         self.on_written = on_written
+        super().__init__()
         self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
-        self._lock = threading.Condition()
-        self._num_submitted = 0
-        self._num_done = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-publisher", daemon=True)
         self.backoff = Backoff()
@@ -113,23 +143,6 @@ class Publisher:
         with self._lock:
             self._num_submitted += 1
         self._queue.put(batch)
-
-    @property
-    def num_pending(self) -> int:
-        with self._lock:
-            return self._num_submitted - self._num_done
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until everything submitted so far is written; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            target = self._num_submitted
-            while self._num_done < target:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
 
     def close(self, timeout_s: float) -> bool:
         """Flush (up to timeout_s), then stop the thread. Returns whether everything was written."""
@@ -158,8 +171,7 @@ class Publisher:
                 count += 1
             self.write(merged)
             with self._lock:
-                self._num_done += count
-                self._lock.notify_all()
+                self._mark_done(count)
 
     def write(self, batch: Batch) -> None:
         """Write one batch now, retrying through Redis outages (the thread's body; the publisher

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from worker.protocol import ResultEvent
-from worker.publisher import MAX_MERGED_BATCHES, Batch, EventWrite
+from worker.publisher import MAX_MERGED_BATCHES, Batch, EventWrite, SubmissionCounter
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
             return
 
 
-class PublisherProcess:
+class PublisherProcess(SubmissionCounter):
     """Args:
     redis_url, socket_timeout: how the child connects (it builds its own client).
     prefix, consumer, result_ttl_s, on_lost, on_written: as for worker.publisher.Publisher;
@@ -138,10 +138,8 @@ class PublisherProcess:
         self._child_args = (redis_url, socket_timeout, prefix, consumer, result_ttl_s)
         self.on_lost = on_lost
         self.on_written = on_written
-        self._lock = threading.Condition()
+        super().__init__()
         self._unacknowledged: deque[tuple] = deque()  # packed batches the child has not confirmed
-        self._num_submitted = 0
-        self._num_done = 0
         self._stopping = False
         self._process = None
         self._conn = None
@@ -206,23 +204,6 @@ class PublisherProcess:
         with contextlib.suppress(OSError):  # the child is gone: the reader restarts it and resends _unacknowledged
             conn.send(wire)
 
-    @property
-    def num_pending(self) -> int:
-        with self._lock:
-            return self._num_submitted - self._num_done
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until everything submitted so far is written; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            target = self._num_submitted
-            while self._num_done < target:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
-
     # ---- the pipe reader -------------------------------------------------------------------------
     def _read(self, conn) -> None:
         while True:
@@ -235,8 +216,7 @@ class PublisherProcess:
                 with self._lock:
                     for _ in range(message[1]):
                         self._unacknowledged.popleft()
-                    self._num_done += message[1]
-                    self._lock.notify_all()
+                    self._mark_done(message[1])
             elif kind == "lost":
                 self.on_lost(message[1])
             elif kind == "written" and self.on_written is not None:
