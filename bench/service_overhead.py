@@ -28,19 +28,18 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.offline_throughput import MAX_LEN, MAX_NUM_BATCHED_TOKENS, MIN_LEN, NUM_SEQS, workload
 from bench.service_clients import CLIENT_PROCS, SERVED_NAME, run_clients, sequential
+from bench.service_processes import STEM, Service, cpu_s, free_port, read_when_written, start_profiler, stop_profiler
+from bench.service_report import markdown
 
 MODEL = "Qwen3-0.6B"
-STEM = "service_overhead"
 TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS = 20, 128, 16
 BATCH_WINDOW_MS = 1.0
 # NOTE: the API holds one Redis pub/sub connection per open stream; its pool (INFERQ_REDIS_MAX_CONNECTIONS,
@@ -164,67 +163,12 @@ def _worker_child(args: argparse.Namespace) -> None:
 
 
 # ---- phase 2: the service (this process) -----------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Service:
-    """redis-server, the worker and the API as child processes; stopped in reverse order."""
-
-    def __init__(self, out: Path) -> None:
-        self.out, self.procs, self.logs = out, {}, []
-
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        log = open(self.out / f"{STEM}_{name}.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.logs.append(log)
-        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
-        self.procs[name] = proc
-        return proc
-
-    def check(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode} (see {STEM}_{name}.log)")
-
-    def wait_ready(self, base: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.check()
-            try:
-                with urllib.request.urlopen(f"{base}/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"the service was not ready after {timeout_s:.0f}s")
-
-    def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        for log in self.logs:
-            log.close()
-
-
 def _measure_service(args, directory: Path, out: Path) -> dict:
     prompts, prompt_lens, output_lens, ttft_prompts = _workloads(_vocab(directory), args.dry_run, args.num_seqs)
     redis_server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
     if not redis_server:
         raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
-    redis_port, api_ports = _free_port(), [_free_port() for _ in range(args.api_replicas)]
+    redis_port, api_ports = free_port(), [free_port() for _ in range(args.api_replicas)]
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     bases = [f"http://127.0.0.1:{port}" for port in api_ports]
     base = bases[0]
@@ -268,14 +212,14 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         sequential(base, ttft_prompts[:3], new_tokens)
         ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
         pids = {"api": [a.pid for a in apis], "worker": [worker.pid], "redis": [redis.pid]}
-        cpu_before = {name: sum(map(_cpu_s, group)) for name, group in pids.items()}
-        profiler = _start_profiler(worker.pid, out)
+        cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
+        profiler = start_profiler(worker.pid, out)
         worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
         rows, client_cpu, elapsed = run_clients(bases, list(zip(prompts, output_lens, strict=True)))
-        cpu = {name: sum(map(_cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
+        cpu = {name: sum(map(cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
         worker.send_signal(signal.SIGUSR2)
-        _stop_profiler(profiler)
-        worker_phases = _read_when_written(phases_path, 10.0)
+        stop_profiler(profiler)
+        worker_phases = read_when_written(phases_path, 10.0)
         service.check()
     finally:
         service.stop()
@@ -301,55 +245,6 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
     }
 
 
-def _start_profiler(pid: int, out: Path) -> subprocess.Popen | None:
-    """With BENCH_PYSPY=1 and py-spy on PATH: sample the worker's Python stacks (threads, only those
-    holding the GIL, without pausing it) during the throughput run, into {STEM}_worker_pyspy.txt
-    (py-spy's raw format: one 'stack count' line per distinct stack)."""
-    if os.environ.get("BENCH_PYSPY") != "1" or not shutil.which("py-spy"):
-        return None
-    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--threads", "--gil", "--nonblocking",
-                             "--rate", "200", "--format", "raw", "--output", str(out / f"{STEM}_worker_pyspy.txt")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
-
-
-def _stop_profiler(profiler: subprocess.Popen | None) -> None:
-    if profiler is None:
-        return
-    profiler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-    try:
-        profiler.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        profiler.kill()
-
-
-def _read_when_written(path: Path, timeout_s: float) -> dict | None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = json.loads(path.read_text())
-        except (OSError, ValueError):  # not there yet, or half written
-            time.sleep(0.1)
-            continue
-        path.unlink()
-        return result
-    return None
-
-
-def _phases_line(phases: dict | None) -> str:
-    if not phases:
-        return ""
-    p = phases["phases_s"]
-    return (
-        f"Inside the worker over the throughput run ({phases['window_s']:.2f} s, {phases['steps']} engine steps, "
-        f"mean decode batch {phases['mean_decode_batch']:.0f}): engine steps {p.get('engine.step', 0):.2f} s "
-        f"(GPU busy {phases['gpu_busy_s']:.2f} s; host in the runner {phases['runner_host_s']:.2f} s, blocked on "
-        f"the GPU {phases['blocked_s']:.2f} s, scheduler/detokenizer/outputs {phases['engine_host_s']:.2f} s), "
-        f"events and bookkeeping after the step {p.get('_step', 0) - p.get('engine.step', 0):.2f} s, intake "
-        f"while running {p.get('_intake', 0):.2f} s (idle, waiting for work: {p.get('_intake_idle', 0):.2f} s), "
-        f"cancel checks {p.get('_check_cancels', 0):.2f} s, loop total {p.get('_iteration', 0):.2f} s."
-    )
-
-
 def _vocab(directory: Path) -> int:
     return int(json.loads((directory / "config.json").read_text())["vocab_size"])
 
@@ -369,54 +264,6 @@ def _result(args, offline: dict, service: dict, directory: Path) -> dict:
         "ttft_p50_ms": {"offline": off_p50, "service": svc_p50, "added": svc_p50 - off_p50},
         "goals": {"throughput_frac": THROUGHPUT_GOAL, "added_ttft_p50_ms": TTFT_GOAL_MS},
     }  # fmt: skip
-
-
-def markdown(r: dict) -> str:
-    from bench.report import table
-
-    meta, off, svc, w = r["meta"], r["offline"], r["service"], r["workload"]
-    rows = [
-        {"what": "offline engine (in process)", "s": off["elapsed_s"], "out": off["output_tok_s"],
-         "total": off["total_tok_s"], "ttft": r["ttft_p50_ms"]["offline"]},
-        {"what": "service (HTTP + Redis + worker)", "s": svc["elapsed_s"], "out": svc["output_tok_s"],
-         "total": svc["total_tok_s"], "ttft": r["ttft_p50_ms"]["service"],
-         "frac": r["throughput_frac_of_offline"], "added": r["ttft_p50_ms"]["added"]},
-    ]  # fmt: skip
-    cpu = ", ".join(f"{k} {v:.0%}" for k, v in svc["cpu_frac_of_elapsed"].items())
-    return "\n".join([
-        "# inferq service overhead",
-        "",
-        f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
-        f"transformers {meta['transformers']} · python {meta['python']}",
-        "",
-        f"{r['model']} shape, random bf16 weights. Throughput: seed 0, {w['num_seqs']} sequences, prompt and output "
-        f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
-        f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
-        f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
-        f"{svc['client_procs']} client processes), through {svc.get('api_replicas', 1)} `python -m api` "
-        "process(es) (uvicorn; client processes spread over them), a private "
-        f"redis-server (AOF everysec; the API's Redis pool set to {svc['api_redis_max_connections']} connections: "
-        f"it holds one pub/sub connection per stream) and one worker (batch window {svc['batch_window_ms']:g} ms); "
-        "the offline "
-        "engine ran the same workload in its own process just before. TTFT: "
-        f"{w['ttft_requests']} sequential requests, {w['ttft_prompt_tokens']}-token prompt, "
-        f"{w['ttft_new_tokens']} new tokens, p50 (service: first streamed token at the client; offline: "
-        "add_request to the step that returns it).",
-        "",
-        table(rows, [("what", "path", ""), ("s", "time s", ".2f"), ("out", "output tok/s", ",.0f"),
-                     ("total", "total tok/s", ",.0f"), ("frac", "of offline", ".1%"),
-                     ("ttft", "TTFT p50 ms", ".1f"), ("added", "added TTFT p50 ms", ".1f")]),  # fmt: skip
-        "",
-        f"Goals: >= {r['goals']['throughput_frac']:.0%} of the offline throughput; <= "
-        f"{r['goals']['added_ttft_p50_ms']:g} ms added TTFT p50. At low load the API answered with its headers "
-        f"(request validated, admitted and queued in Redis) after {svc['headers_p50_ms']:.1f} ms (p50). "
-        "Under the full load the service's TTFT was "
-        f"p50 {svc['loaded_ttft_p50_ms']:.0f} ms, p99 {svc['loaded_ttft_p99_ms']:.0f} ms. CPU used during the "
-        f"throughput run, as a fraction of its wall time (1 = one core busy): {cpu}.",
-        "",
-        _phases_line(svc.get("worker_phases")),
-        "",
-    ])  # fmt: skip
 
 
 def main(argv=None) -> dict | None:

@@ -187,10 +187,7 @@ class ModelRunner:
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)  # [T, H]
         requests = [items[i].request for i in step.sampling]
         if not requests:
-            if timer is not None:
-                timer.before_wait()
-            if during_forward is not None:
-                during_forward()
+            self._launched(during_forward)
             if timer is not None:
                 timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
             return ModelRunnerOutput([], [], [], [])
@@ -200,15 +197,20 @@ class ModelRunner:
             token_ids, errors = self._sample_greedy(logits, requests, during_forward)
             logprobs: list[Logprob | None] = [None] * len(requests)
         else:
-            if timer is not None:
-                timer.before_wait()
-            if during_forward is not None:
-                during_forward()
+            self._launched(during_forward)
             out = self.sampler(logits, requests)
             token_ids, logprobs, errors = out.token_ids, out.logprobs, out.errors
         if timer is not None:
             timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         return ModelRunnerOutput(requests, token_ids, logprobs, errors)
+
+    def _launched(self, during_forward: Callable[[], None] | None) -> None:
+        """Everything of the step is launched and the host is about to wait: mark it for the timer
+        (the caller's overlapped work counts as waiting, not runner host time), then run the caller's work."""
+        if self.timer is not None:
+            self.timer.before_wait()
+        if during_forward is not None:
+            during_forward()
 
     def _sample_greedy(
         self, logits: torch.Tensor, requests: list[Request], during_forward: Callable[[], None] | None
@@ -221,10 +223,7 @@ class ModelRunner:
         token_ids = logits.argmax(dim=-1)  # [S]
         finite = torch.isfinite(logits.sum(dim=-1))  # [S]
         packed = torch.stack((token_ids, finite.to(torch.int64)))  # [2, S]
-        if self.timer is not None:
-            self.timer.before_wait()  # the caller's overlapped work counts as waiting, not runner host time
-        if during_forward is not None:
-            during_forward()
+        self._launched(during_forward)
         tokens, ok = packed.tolist()  # the step's one sync
         errors = [None if good else f"non-finite logits at position {r.num_tokens}" for r, good in zip(requests, ok)]
         return tokens, errors

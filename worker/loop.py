@@ -9,7 +9,8 @@ Each iteration of `Worker.run`:
    no Redis wait).
 While the engine has work, the reads of 2 ride inside the step: the engine calls
 `_read_during_step` once the forward pass is launched, so they overlap the GPU, and the next
-iteration admits what they found before stepping again.
+iteration admits what they found before stepping again. Reading and admitting live in
+worker/loop_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -31,6 +32,7 @@ from worker.held import HeldMessages
 from worker.intake import Intake
 from worker.job import Job
 from worker.lease import LeaseKeeper
+from worker.loop_intake import IntakeLoop
 from worker.metrics import WorkerMetrics
 from worker.outputs import abort_events, events_for_outputs, write
 from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name, tokenizer_fields
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 PUBLISHER_CLOSE_TIMEOUT_S = 5.0
 
 
-class Worker:
+class Worker(IntakeLoop):
     """Args:
     settings: worker settings.
     engine: an LLMEngine to use (tests share one); built from the settings when None.
@@ -67,25 +69,13 @@ class Worker:
         self.held = HeldMessages()
         self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
         self.admitter = Admitter(self.engine, self.client, self.keys, self.consumer, settings.max_deliveries)
+        callbacks = {"on_lost": self.held.report_lost_request, "on_written": self._count_written}
+        self.publisher: Publisher | PublisherProcess
         if settings.publisher_process:
-            self.publisher: Publisher | PublisherProcess = PublisherProcess(
-                settings.redis_url,
-                socket_timeout,
-                settings.prefix,
-                self.consumer,
-                settings.result_ttl_s,
-                on_lost=self.held.report_lost_request,
-                on_written=self._count_written,
-            )
+            where = (settings.redis_url, socket_timeout, settings.prefix)
+            self.publisher = PublisherProcess(*where, self.consumer, settings.result_ttl_s, **callbacks)
         else:
-            self.publisher = Publisher(
-                self.client,
-                self.keys,
-                self.consumer,
-                settings.result_ttl_s,
-                on_lost=self.held.report_lost_request,
-                on_written=self._count_written,
-            )
+            self.publisher = Publisher(self.client, self.keys, self.consumer, settings.result_ttl_s, **callbacks)
         self.lease = LeaseKeeper(
             self.client,
             self.keys,
@@ -218,15 +208,6 @@ class Worker:
         elif self.redis_backoff.is_failing:
             time.sleep(0.02)  # idle while Redis is away: do not spin
 
-    def _read_during_step(self) -> None:
-        """The engine's during_forward hook: read new messages into the window while the GPU runs
-        the step. Redis only; the engine is mid-step and is not touched."""
-        try:
-            if self._redis_usable() and not self.is_draining:
-                self._redis_call(self._read)
-        except Exception:  # a bug here must not fail the step's requests
-            logger.exception("reading from Redis during a step failed")
-
     def _redis_usable(self) -> bool:
         return not self.redis_backoff.is_failing or self.redis_backoff.may_retry
 
@@ -248,84 +229,6 @@ class Worker:
             logger.info("Redis is back")
             self._need_own_pending = True  # messages delivered to us that we may not hold
             self.redis_backoff.success()
-
-    # ---- intake ------------------------------------------------------------------------------------
-    def _num_free_slots(self) -> int:
-        return self.settings.max_num_seqs - len(self.jobs) - len(self.window)
-
-    def _has_kv_room(self) -> bool:
-        """Read only while the KV pool has room beyond the prompts already waiting for it, so
-        messages this worker could not start soon stay in the stream for other workers."""
-        if not self.jobs:
-            return True
-        reserved = sum(job.num_prompt_tokens for job in self.jobs.values() if not job.started)
-        return self._last_stats.num_free_kv_tokens - reserved >= self.settings.block_size
-
-    def _block_ms(self) -> int | None:
-        """How long a read may wait: never while the engine has work; up to the window's end while
-        gathering; otherwise idle_block_ms, or until the next claim pass."""
-        if self.engine.has_unfinished_requests():
-            return None
-        if len(self.window):
-            return self.window.ms_left() or None
-        until_claim_ms = int((self._next_claim_at - time.monotonic()) * 1000)
-        return max(1, min(self.settings.idle_block_ms, until_claim_ms))
-
-    def _intake(self) -> None:
-        if self._redis_usable():
-            self._redis_call(self._read_and_admit)
-        elif not self.engine.has_unfinished_requests():
-            time.sleep(min(0.05, max(0.0, self.redis_backoff.retry_at - time.monotonic())))
-
-    def _read_and_admit(self) -> bool:
-        """Own pending first, then abandoned messages, then new ones. Returns whether it reached Redis."""
-        reached = self._read()
-        if self.window.is_due(self._num_free_slots()):
-            # NOTE: admit() does all its Redis reads before touching the engine, so a failure here
-            # leaves the window as it was, to be admitted on a later try.
-            self._admit(self.window.deliveries)
-            self.window.take()
-            reached = True
-        return reached
-
-    def _read(self) -> bool:
-        """Redis reads into the window only (safe while the engine is mid-step)."""
-        reached = False
-        if self._need_own_pending:
-            self._receive(self.intake.read_own_pending(max(1, self._num_free_slots())))
-            self._need_own_pending, reached = False, True
-        now = time.monotonic()
-        if now >= self._next_claim_at and self._num_free_slots() > 0:
-            self._next_claim_at = now + self.settings.claim_interval_ms / 1000
-            self._receive(self.intake.claim_abandoned(self._num_free_slots()))
-            reached = True
-        if self._num_free_slots() > 0 and self._has_kv_room():
-            self._receive(self.intake.read_new(self._num_free_slots(), self._block_ms()))
-            reached = True
-        return reached
-
-    def _admit_if_due(self) -> None:
-        if len(self.window) and self.window.is_due(self._num_free_slots()) and self._redis_usable():
-            self._redis_call(self._admit_window)
-
-    def _admit_window(self) -> bool:
-        self._admit(self.window.deliveries)  # see _read_and_admit
-        self.window.take()
-        return True
-
-    def _receive(self, deliveries) -> None:
-        fresh = self.held.add_new([d.message_id for d in deliveries])
-        self.window.add([d for d in deliveries if d.message_id in fresh])
-
-    def _admit(self, deliveries) -> None:
-        admission = self.admitter.admit(deliveries, set(self.jobs))
-        admitted = {job.message_id for job in admission.jobs}
-        self.held.release([d.message_id for d in deliveries if d.message_id not in admitted])
-        self.jobs.update((job.request_id, job) for job in admission.jobs)
-        self.metrics.admitted.inc(len(admission.jobs))
-        self.metrics.dead_letters.inc(admission.num_dead_letters)
-        self.publisher.submit(admission.batch)
-        self._snapshot = self._make_snapshot()
 
     # ---- cancels, deadlines, takeovers -------------------------------------------------------------
     def _check_cancels(self) -> bool:

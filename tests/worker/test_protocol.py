@@ -21,6 +21,7 @@ from worker.protocol import (
     decode_request,
     encode_dead_letter,
     encode_event,
+    encode_event_for_write,
     encode_request,
     event_to_json,
     is_complete,
@@ -159,6 +160,7 @@ def test_event_round_trips_through_stream_fields_and_json(event):
     assert payload["seq"] == event.seq and isinstance(payload["seq"], int)
     assert decode_event(event_to_json(event)) == decode_event(fields)
     assert decode_event({k.encode(): v.encode() for k, v in fields.items()}) == decode_event(fields)
+    assert encode_event_for_write(event) == (fields, event_to_json(event))  # the worker's one-pass form
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,105 @@
+"""The service benchmark's processes: redis-server, the worker and the API as children of the
+benchmark, their CPU time, and the optional py-spy sampler of the worker (bench/service_overhead.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+STEM = "service_overhead"  # every file the service benchmark writes starts with this
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Service:
+    """redis-server, the worker and the API as child processes; stopped in reverse order."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.procs, self.logs = out, {}, []
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.out / f"{STEM}_{name}.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.logs.append(log)
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} (see {STEM}_{name}.log)")
+
+    def wait_ready(self, base: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check()
+            try:
+                with urllib.request.urlopen(f"{base}/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"the service was not ready after {timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for log in self.logs:
+            log.close()
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen | None:
+    """With BENCH_PYSPY=1 and py-spy on PATH: sample the worker's Python stacks (threads, only those
+    holding the GIL, without pausing it) during the throughput run, into {STEM}_worker_pyspy.txt
+    (py-spy's raw format: one 'stack count' line per distinct stack)."""
+    if os.environ.get("BENCH_PYSPY") != "1" or not shutil.which("py-spy"):
+        return None
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--threads", "--gil", "--nonblocking",
+                             "--rate", "200", "--format", "raw", "--output", str(out / f"{STEM}_worker_pyspy.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def stop_profiler(profiler: subprocess.Popen | None) -> None:
+    if profiler is None:
+        return
+    profiler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        profiler.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+
+
+def read_when_written(path: Path, timeout_s: float) -> dict | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):  # not there yet, or half written
+            time.sleep(0.1)
+            continue
+        path.unlink()
+        return result
+    return None

@@ -1,0 +1,68 @@
+"""The service benchmark's markdown report (bench/service_overhead.py writes it beside the JSON)."""
+
+from __future__ import annotations
+
+
+def phases_line(phases: dict | None) -> str:
+    if not phases:
+        return ""
+    p = phases["phases_s"]
+    return (
+        f"Inside the worker over the throughput run ({phases['window_s']:.2f} s, {phases['steps']} engine steps, "
+        f"mean decode batch {phases['mean_decode_batch']:.0f}): engine steps {p.get('engine.step', 0):.2f} s "
+        f"(GPU busy {phases['gpu_busy_s']:.2f} s; host in the runner {phases['runner_host_s']:.2f} s, blocked on "
+        f"the GPU {phases['blocked_s']:.2f} s, scheduler/detokenizer/outputs {phases['engine_host_s']:.2f} s), "
+        f"events and bookkeeping after the step {p.get('_step', 0) - p.get('engine.step', 0):.2f} s, admitting "
+        f"while running {p.get('_admit_if_due', 0):.2f} s, reads during the steps (overlapping the GPU, inside "
+        f"'blocked') {p.get('_read_during_step', 0):.2f} s, intake while idle {p.get('_intake', 0):.2f} s "
+        f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), cancel checks {p.get('_check_cancels', 0):.2f} s, "
+        f"loop total {p.get('_iteration', 0):.2f} s."
+    )
+
+
+def markdown(r: dict) -> str:
+    from bench.report import table
+
+    meta, off, svc, w = r["meta"], r["offline"], r["service"], r["workload"]
+    rows = [
+        {"what": "offline engine (in process)", "s": off["elapsed_s"], "out": off["output_tok_s"],
+         "total": off["total_tok_s"], "ttft": r["ttft_p50_ms"]["offline"]},
+        {"what": "service (HTTP + Redis + worker)", "s": svc["elapsed_s"], "out": svc["output_tok_s"],
+         "total": svc["total_tok_s"], "ttft": r["ttft_p50_ms"]["service"],
+         "frac": r["throughput_frac_of_offline"], "added": r["ttft_p50_ms"]["added"]},
+    ]  # fmt: skip
+    cpu = ", ".join(f"{k} {v:.0%}" for k, v in svc["cpu_frac_of_elapsed"].items())
+    return "\n".join([
+        "# inferq service overhead",
+        "",
+        f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
+        f"transformers {meta['transformers']} · python {meta['python']}",
+        "",
+        f"{r['model']} shape, random bf16 weights. Throughput: seed 0, {w['num_seqs']} sequences, prompt and output "
+        f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
+        f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
+        f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
+        f"{svc['client_procs']} client processes), through {svc.get('api_replicas', 1)} `python -m api` "
+        "process(es) (uvicorn; client processes spread over them), a private "
+        f"redis-server (AOF everysec; the API's Redis pool set to {svc['api_redis_max_connections']} connections: "
+        f"it holds one pub/sub connection per stream) and one worker (batch window {svc['batch_window_ms']:g} ms); "
+        "the offline "
+        "engine ran the same workload in its own process just before. TTFT: "
+        f"{w['ttft_requests']} sequential requests, {w['ttft_prompt_tokens']}-token prompt, "
+        f"{w['ttft_new_tokens']} new tokens, p50 (service: first streamed token at the client; offline: "
+        "add_request to the step that returns it).",
+        "",
+        table(rows, [("what", "path", ""), ("s", "time s", ".2f"), ("out", "output tok/s", ",.0f"),
+                     ("total", "total tok/s", ",.0f"), ("frac", "of offline", ".1%"),
+                     ("ttft", "TTFT p50 ms", ".1f"), ("added", "added TTFT p50 ms", ".1f")]),  # fmt: skip
+        "",
+        f"Goals: >= {r['goals']['throughput_frac']:.0%} of the offline throughput; <= "
+        f"{r['goals']['added_ttft_p50_ms']:g} ms added TTFT p50. At low load the API answered with its headers "
+        f"(request validated, admitted and queued in Redis) after {svc['headers_p50_ms']:.1f} ms (p50). "
+        "Under the full load the service's TTFT was "
+        f"p50 {svc['loaded_ttft_p50_ms']:.0f} ms, p99 {svc['loaded_ttft_p99_ms']:.0f} ms. CPU used during the "
+        f"throughput run, as a fraction of its wall time (1 = one core busy): {cpu}.",
+        "",
+        phases_line(svc.get("worker_phases")),
+        "",
+    ])  # fmt: skip

@@ -1,0 +1,100 @@
+"""The worker loop's intake: reading messages into the batch window and admitting them.
+
+A mixin of worker.loop.Worker, split out by idea; it uses the Worker's settings, engine, jobs,
+window, held, intake, admitter, publisher, metrics, redis_backoff and _redis_call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class IntakeLoop:
+    def _read_during_step(self) -> None:
+        """The engine's during_forward hook: read new messages into the window while the GPU runs
+        the step. Redis only; the engine is mid-step and is not touched."""
+        try:
+            if self._redis_usable() and not self.is_draining:
+                self._redis_call(self._read)
+        except Exception:  # a bug here must not fail the step's requests
+            logger.exception("reading from Redis during a step failed")
+
+    def _num_free_slots(self) -> int:
+        return self.settings.max_num_seqs - len(self.jobs) - len(self.window)
+
+    def _has_kv_room(self) -> bool:
+        """Read only while the KV pool has room beyond the prompts already waiting for it, so
+        messages this worker could not start soon stay in the stream for other workers."""
+        if not self.jobs:
+            return True
+        reserved = sum(job.num_prompt_tokens for job in self.jobs.values() if not job.started)
+        return self._last_stats.num_free_kv_tokens - reserved >= self.settings.block_size
+
+    def _block_ms(self) -> int | None:
+        """How long a read may wait: never while the engine has work; up to the window's end while
+        gathering; otherwise idle_block_ms, or until the next claim pass."""
+        if self.engine.has_unfinished_requests():
+            return None
+        if len(self.window):
+            return self.window.ms_left() or None
+        until_claim_ms = int((self._next_claim_at - time.monotonic()) * 1000)
+        return max(1, min(self.settings.idle_block_ms, until_claim_ms))
+
+    def _intake(self) -> None:
+        if self._redis_usable():
+            self._redis_call(self._read_and_admit)
+        elif not self.engine.has_unfinished_requests():
+            time.sleep(min(0.05, max(0.0, self.redis_backoff.retry_at - time.monotonic())))
+
+    def _read_and_admit(self) -> bool:
+        """Own pending first, then abandoned messages, then new ones. Returns whether it reached Redis."""
+        reached = self._read()
+        return self._admit_window_if_due() or reached
+
+    def _read(self) -> bool:
+        """Redis reads into the window only (safe while the engine is mid-step)."""
+        reached = False
+        if self._need_own_pending:
+            self._receive(self.intake.read_own_pending(max(1, self._num_free_slots())))
+            self._need_own_pending, reached = False, True
+        now = time.monotonic()
+        if now >= self._next_claim_at and self._num_free_slots() > 0:
+            self._next_claim_at = now + self.settings.claim_interval_ms / 1000
+            self._receive(self.intake.claim_abandoned(self._num_free_slots()))
+            reached = True
+        if self._num_free_slots() > 0 and self._has_kv_room():
+            self._receive(self.intake.read_new(self._num_free_slots(), self._block_ms()))
+            reached = True
+        return reached
+
+    def _admit_if_due(self) -> None:
+        """While busy: admit what the reads during the last step gathered, once the window is due."""
+        if self._redis_usable():
+            self._redis_call(self._admit_window_if_due)
+
+    def _admit_window_if_due(self) -> bool:
+        """Returns whether it admitted (and so reached Redis).
+        NOTE: admit() does all its Redis reads before touching the engine, so a failure here leaves
+        the window as it was, to be admitted on a later try."""
+        if not len(self.window) or not self.window.is_due(self._num_free_slots()):
+            return False
+        self._admit(self.window.deliveries)
+        self.window.take()
+        return True
+
+    def _receive(self, deliveries) -> None:
+        fresh = self.held.add_new([d.message_id for d in deliveries])
+        self.window.add([d for d in deliveries if d.message_id in fresh])
+
+    def _admit(self, deliveries) -> None:
+        admission = self.admitter.admit(deliveries, set(self.jobs))
+        admitted = {job.message_id for job in admission.jobs}
+        self.held.release([d.message_id for d in deliveries if d.message_id not in admitted])
+        self.jobs.update((job.request_id, job) for job in admission.jobs)
+        self.metrics.admitted.inc(len(admission.jobs))
+        self.metrics.dead_letters.inc(admission.num_dead_letters)
+        self.publisher.submit(admission.batch)
+        self._snapshot = self._make_snapshot()
