@@ -106,10 +106,17 @@ def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
         while engine.has_unfinished_requests():
             engine.step()
     kinds = {"gemm": 0.0, "attention": 0.0, "norm": 0.0, "rope": 0.0, "kv_store": 0.0, "silu_mul": 0.0, "other": 0.0}
+    others: dict[str, float] = {}
     for event in prof.key_averages():
         us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-        kinds[_kernel_kind(event.key)] += us / num_steps
-    return {k: round(v, 1) for k, v in kinds.items()}
+        kind = _kernel_kind(event.key)
+        kinds[kind] += us / num_steps
+        if kind == "other" and us > 0:
+            others[event.key[:80]] = others.get(event.key[:80], 0.0) + us / num_steps
+    result = {k: round(v, 1) for k, v in kinds.items()}
+    # what "other" is made of: the five largest by GPU time (names cut to 80 characters)
+    result["other_top"] = {k: round(v, 1) for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:5]}
+    return result
 
 
 def _kernel_kind(name: str) -> str:
@@ -232,10 +239,15 @@ def markdown(results: dict) -> str:
     profiles = [(n, r["eager_profile_us_per_step"]) for n, r in results["models"].items()
                 if "eager_profile_us_per_step" in r]  # fmt: skip
     if profiles:
-        kinds = list(profiles[0][1])
-        parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us):", "",
+        kinds = [k for k in profiles[0][1] if k != "other_top"]
+        parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us; the fused RoPE + KV store "
+                  "counts under rope):", "",
                   table([{"model": n, **p} for n, p in profiles], [("model", "model", "")] +
                         [(k, k, ".0f") for k in kinds])]  # fmt: skip
+        for name, profile in profiles:
+            top = "; ".join(f"`{k}` {v:.0f}" for k, v in profile.get("other_top", {}).items())
+            if top:
+                parts.append(f"\n{name}, largest 'other' kernels (us per step): {top}")
     return "\n".join(parts) + "\n"
 
 

@@ -60,12 +60,20 @@ def store_kv_bytes(tokens: int, hidden: int, elem: int, slot_elem: int = 8) -> i
     return 4 * tokens * num_kv_heads * HEAD_DIM * elem + tokens * slot_elem
 
 
+def rope_store_kv_bytes(tokens: int, hidden: int, elem: int, cache_elem: int = 4, index_elem: int = 8) -> int:
+    """Read and write q in place; read k and v, write them into the pool; per token: cos|sin, a position, a slot."""
+    num_heads, num_kv_heads = heads_for_hidden(hidden)
+    return (2 * tokens * (num_heads + 2 * num_kv_heads) * HEAD_DIM * elem
+            + tokens * (HEAD_DIM * cache_elem + 2 * index_elem))  # fmt: skip
+
+
 SMALL_KERNEL_BYTES = {
     "rms_norm": rms_norm_bytes,
     "fused_add_rms_norm": fused_add_rms_norm_bytes,
     "rope": rope_bytes,
     "silu_and_mul": silu_and_mul_bytes,  # width = I
     "store_kv": store_kv_bytes,
+    "rope_store_kv": rope_store_kv_bytes,
 }
 
 
@@ -91,6 +99,8 @@ def check_arithmetic() -> None:
     # hidden 4096: 32 + 8 heads of 128, read + write, bf16 -> 20480 B per token, + fp32 cos|sin 512 B + int64 8 B
     assert rope_bytes(1, 4096, 2) == 2 * 40 * 128 * 2 + 128 * 4 + 8
     assert store_kv_bytes(1, 4096, 2) == 4 * 8 * 128 * 2 + 8
+    # q (32 heads) read + written, k and v (8 heads each) read + written into the pool, + cos|sin, position, slot
+    assert rope_store_kv_bytes(1, 4096, 2) == 2 * 48 * 128 * 2 + 128 * 4 + 16
     assert rotations(16 * 2**20, 50 * 2**20) == 7
     assert rotations(2**30, 50 * 2**20) == 1
     assert rotations(100, 50 * 2**20) == 64

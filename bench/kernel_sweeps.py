@@ -7,6 +7,7 @@ suites' shapes (GQA 32/8, D = 128, bf16, block 16).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -55,34 +56,56 @@ def sweep_prefill(bench: Bench, seq_lens, total_tokens: int = 16384, num_heads: 
     return rows
 
 
+def head_major(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The same pool values stored [2, N, Hkv, B, D] (a block's keys of one head contiguous), seen as
+    the [2, N, B, Hkv, D] view the kernels take: the layout experiment of the decode sweep."""
+    return kv_cache.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4)
+
+
+def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> list[int]:
+    return sorted({choose_num_splits(batch, num_kv_heads, device, p) for p in PROGRAMS_PER_SM})
+
+
 def sweep_decode(bench: Bench, cases, num_heads: int = 32, num_kv_heads: int = 8, head_dim: int = 128,
-                 dtype: torch.dtype = torch.bfloat16, tile_list=DECODE_TILES) -> list[dict]:  # fmt: skip
+                 dtype: torch.dtype = torch.bfloat16, tile_list=DECODE_TILES, splits_for=default_splits,
+                 layouts=("token_major",)) -> list[dict]:  # fmt: skip
+    """A row per (case, tile, splits, pool layout): GB/s of K+V read, and the largest difference
+    from the default launch on the same inputs."""
     rows = []
     scale = 1.0 / math.sqrt(head_dim)
     for batch, context in cases:
         nbytes = decode_kv_bytes(batch, context, num_kv_heads, head_dim, torch.finfo(dtype).bits // 8)
-        inputs = []
+        base = []
         for _ in range(bench.rotations(nbytes)):
             k = torch.randn(batch, context, num_kv_heads, head_dim, device=bench.device).to(dtype)
             kv_cache, block_tables = paged_pool(k, torch.randn_like(k), 16)
             q = torch.randn(batch, num_heads, head_dim, device=bench.device).to(dtype)
             seq_lens = torch.full((batch,), context, dtype=torch.int32, device=bench.device)
-            inputs.append((q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale))
-        splits = sorted({choose_num_splits(batch, num_kv_heads, bench.device, p) for p in PROGRAMS_PER_SM})
-        for block_n, warps, stages in tile_list:
-            tiles = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-            for num_splits in splits:
-                row = {"B": batch, "L": context, **tiles, "splits": num_splits}
+            base.append((q, kv_cache, block_tables, seq_lens))
+            del k
+        expected = paged_decode_attention(base[0][0], base[0][1][0], base[0][1][1], *base[0][2:], scale)
+        for layout in layouts:
+            inputs = []
+            for q, kv_cache, block_tables, seq_lens in base:
+                pool = head_major(kv_cache) if layout == "head_major" else kv_cache
+                inputs.append((q, pool[0], pool[1], block_tables, seq_lens, scale))
+            for (block_n, warps, stages), num_splits in itertools.product(
+                tile_list, splits_for(batch, num_kv_heads, bench.device)
+            ):
+                tiles = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+                row = {"B": batch, "L": context, "layout": layout, **tiles, "splits": num_splits}
 
                 def decode(*args, tiles=tiles, num_splits=num_splits):
                     return paged_decode_attention(*args, num_splits=num_splits, tiles=tiles)
 
                 try:
                     ms, timing = bench.measure(decode, inputs, graph=True)
-                    row.update(us=ms * 1e3, gbps=gbps(nbytes, ms), timing=timing)
+                    diff = (decode(*inputs[0]).float() - expected.float()).abs().max()
+                    row.update(us=ms * 1e3, gbps=gbps(nbytes, ms), timing=timing, max_diff=float(diff))
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 rows.append(row)
-        del inputs
+            del inputs
+        del base, expected
         bench.free()
     return rows

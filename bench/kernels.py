@@ -24,7 +24,7 @@ from bench.report import table
 SUITES = ("prefill", "decode", "small")
 PREFILL_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 DECODE_CASES = ((1, 4096), (1, 65536), (16, 4096), (64, 2048), (256, 1024))
-SMALL_OPS = ("rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "store_kv")
+SMALL_OPS = ("rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "store_kv", "rope_store_kv")
 SMALL_TOKENS = (1, 64, 4096, 32768)
 SMALL_HIDDENS = (2048, 4096, 8192)
 
@@ -101,6 +101,7 @@ def _markdown(results: dict) -> str:
         parts += ["", "## Memory-bound kernels (bf16, GB/s, fraction of copy bandwidth)", "", _table(results["small"], [
             ("op", "op", ""), ("T", "T", ""), ("H", "H", ""), ("inferq_us", "inferq us", ".1f"),
             ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_bw", "of BW", ".0%"),
+            ("copy_gbps", "same-size copy GB/s", ".0f"), ("inferq_vs_copy", "vs copy", ".2f"),
             ("eager_gbps", "eager GB/s", ".0f"), ("compile_gbps", "compile GB/s", ".0f"),
             ("inferq_vs_eager", "vs eager", ".2f"), ("inferq_vs_compile", "vs compile", ".2f"),
         ])]  # fmt: skip
@@ -111,10 +112,18 @@ def _markdown(results: dict) -> str:
             ("error", "error", ""),
         ])]  # fmt: skip
     if "sweep_decode" in results:
-        parts += ["", "## Sweep: decode tiles and splits (GB/s of K+V read)", "", _table(results["sweep_decode"], [
-            ("B", "B", ""), ("L", "L", ""), ("BLOCK_N", "BLOCK_N", ""), ("num_warps", "warps", ""),
-            ("num_stages", "stages", ""), ("splits", "splits", ""), ("us", "us", ".1f"), ("gbps", "GB/s", ".0f"),
-            ("error", "error", ""),
+        parts += ["", "## Sweep: decode tiles, splits and pool layout (GB/s of K+V read)", "",
+                  _table(results["sweep_decode"], [
+            ("B", "B", ""), ("L", "L", ""), ("layout", "layout", ""), ("BLOCK_N", "BLOCK_N", ""),
+            ("num_warps", "warps", ""), ("num_stages", "stages", ""), ("splits", "splits", ""), ("us", "us", ".1f"),
+            ("gbps", "GB/s", ".0f"), ("max_diff", "max diff", ".1e"), ("error", "error", ""),
+        ])]  # fmt: skip
+    if "sweep_small" in results:
+        parts += ["", "## Sweep: memory-bound kernels, work per program and warps (bf16)", "",
+                  _table(results["sweep_small"], [
+            ("op", "op", ""), ("T", "T", ""), ("H", "H", ""), ("BLOCK_R", "rows", ""), ("BLOCK_T", "tokens", ""),
+            ("num_warps", "warps", ""), ("us", "us", ".1f"), ("gbps", "GB/s", ".0f"), ("frac_bw", "of BW", ".0%"),
+            ("max_diff", "max diff", ".1e"), ("error", "error", ""),
         ])]  # fmt: skip
     errors = [(suite, row) for suite in SUITES for row in results.get(suite, []) if any("error" in k for k in row)]
     if errors:
@@ -160,17 +169,30 @@ def _run_suites(bench, suites: list[str], results: dict, out: Path) -> None:
         _write(out, results)
 
 
+def _splits_around_a_wave(batch: int, num_kv_heads: int, device) -> list[int]:
+    """Split counts around one and two full waves of programs (the second sweep's question)."""
+    return [2, 3, 4, 6, 8] if batch > 1 else [16, 24, 33, 48, 64]
+
+
 def _run_sweeps(bench, results: dict, out: Path) -> None:
     from bench.kernel_sweeps import DECODE_TILES, PREFILL_TILES, sweep_decode, sweep_prefill
+    from bench.small_kernel_sweeps import CASES, sweep_small
 
     if bench.dry_run:
         results["sweep_prefill"] = sweep_prefill(bench, (32,), 64, 4, 1, 64, tile_list=PREFILL_TILES[:2])
-        results["sweep_decode"] = sweep_decode(bench, ((2, 40),), 4, 1, 64, tile_list=DECODE_TILES[:2])
+        results["sweep_decode"] = sweep_decode(bench, ((2, 40),), 4, 1, 64, tile_list=DECODE_TILES[:2],
+                                               layouts=("token_major", "head_major"))  # fmt: skip
+        results["sweep_small"] = sweep_small(bench, [(op, 3, 256) for op, _, _ in CASES[:5]], warps=(4,))
     else:
-        results["sweep_prefill"] = sweep_prefill(bench, (1024, 4096, 16384))
+        results["sweep_small"] = sweep_small(bench, bandwidth_gbps=results["ceilings"]["copy_gbps"])
         _write(out, results)
-        results["sweep_decode"] = sweep_decode(bench, DECODE_CASES)
-    print(f"[bench] sweeps: {len(results['sweep_prefill'])} + {len(results['sweep_decode'])} rows", flush=True)
+        results["sweep_decode"] = sweep_decode(bench, ((16, 4096), (1, 65536)), tile_list=DECODE_TILES[:4],
+                                               splits_for=_splits_around_a_wave,
+                                               layouts=("token_major", "head_major"))  # fmt: skip
+        _write(out, results)
+        results["sweep_prefill"] = sweep_prefill(bench, (1024, 4096, 16384))
+    print(f"[bench] sweeps: {len(results['sweep_prefill'])} prefill, {len(results['sweep_decode'])} decode, "
+          f"{len(results['sweep_small'])} small rows", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> dict:

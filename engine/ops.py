@@ -28,6 +28,7 @@ from kernels.layer_norm import layer_norm_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope import apply_rope_ref
+from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
 _BACKENDS = ("auto", "torch", "triton")
@@ -124,6 +125,27 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         kernel(k, v, kv_cache[0], kv_cache[1], slot_mapping)
         return
     store_kv_ref(k, v, kv_cache[0], kv_cache[1], slot_mapping)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotates q in place and writes rope(k), v [T, Hkv, D] into kv_cache [2, N, B, Hkv, D] at slot_mapping.
+
+    k itself is left unrotated: attention reads keys from the pool only.
+    """
+    if use_triton(q):
+        from kernels.rope_store_kv import rope_store_kv as kernel
+
+        kernel(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping)
+        return
+    rope_store_kv_ref(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:

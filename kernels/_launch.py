@@ -141,3 +141,33 @@ def spread_block(numel: int, max_block: int = 2048, min_block: int = 256, target
 def warps_for_block(block: int) -> int:
     """One warp per 256 elements (8 bf16 = 16 bytes per thread), 1 to 8 warps."""
     return max(1, min(8, block // 256))
+
+
+TOKEN_TILE_ELEMENTS = 4096  # elements per program and head chunk of the per-token kernels (KV store, RoPE)
+TOKEN_TILE_KEYS = ("BLOCK_T", "num_warps")
+
+
+def token_tile(
+    num_tokens: int, head_elements: int, device: torch.device, tiles: dict | None, max_tokens: int = 64
+) -> dict:
+    """BLOCK_T (tokens per program) and num_warps for a memory-bound kernel over [T, head_elements] rows.
+
+    As many tokens as fit TOKEN_TILE_ELEMENTS (at most max_tokens), but no fewer programs
+    than two per SM, so a small batch still spreads over the GPU. The interpreter gets 2
+    so that odd token counts cross a tile border in the CPU tests (every kernel takes any
+    BLOCK_T). `tiles` overrides BLOCK_T or num_warps.
+    """
+    if interpreting() or device.type != "cuda":
+        block_t = 2
+    else:
+        by_size = min(max_tokens, max(1, TOKEN_TILE_ELEMENTS // head_elements))
+        by_spread = max(1, num_tokens // (2 * num_sms(device)))
+        block_t = min(triton.next_power_of_2(by_size), 1 << (by_spread.bit_length() - 1))
+    unknown = set(tiles or {}) - set(TOKEN_TILE_KEYS)
+    if unknown:
+        raise ValueError(f"tiles may set only {TOKEN_TILE_KEYS}, got {sorted(unknown)}")
+    config = dict(BLOCK_T=block_t, num_warps=warps_for(block_t * head_elements))
+    config.update(tiles or {})
+    if config["BLOCK_T"] < 1 or config["BLOCK_T"] & (config["BLOCK_T"] - 1):
+        raise ValueError(f"BLOCK_T must be a power of two, got {config['BLOCK_T']}")
+    return config

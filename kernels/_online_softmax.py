@@ -32,11 +32,14 @@ def attend_tile(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N] fp32
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N] fp32, not yet scaled
     if HAS_MASK:
         scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    p = tl.exp2(scores - m_new[:, None])
+    # NOTE: the scale is applied inside the exponent (one FMA per score) and to the row
+    # max only, instead of a separate multiply over the whole tile (qk_scale > 0, so the
+    # max commutes with it and -inf stays -inf)
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1) * qk_scale)
+    p = tl.exp2(scores * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None], input_precision=DOT_PRECISION)

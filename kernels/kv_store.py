@@ -5,10 +5,14 @@ k, v: [T, H, D]; k_cache, v_cache: [N, B, H, D]; slot_mapping: [T] int64 with
 slot = block * B + offset, -1 meaning skip. Exact copy (no arithmetic; a cast
 when the pool's dtype differs from k's).
 
-Kernel: one program per token copies its H x D keys and values, BLOCK_H heads at
-a time; a token with slot -1 writes nothing. k and v may be strided views (cut out
-of a fused qkv projection); the pool may be any [N, B, H, D] view with a
-contiguous head dim (kv_cache[0] and kv_cache[1] of the [2, N, B, H, D] pool).
+Kernel: each program copies the keys and values of BLOCK_T consecutive tokens as
+one [BLOCK_T, BLOCK_H, BLOCK_D] tile per head chunk, K and V loaded before either
+is stored, so a program has 2 x BLOCK_T x BLOCK_H x BLOCK_D elements in flight
+(one token per program left each program ~1 KB at Llama-3-8B's 8 x 128 heads and
+measured 58% of copy bandwidth at 4096 tokens on an H100). A token with slot -1
+writes nothing. k and v may be strided views (cut out of a fused qkv projection);
+the pool may be any [N, B, H, D] view with a contiguous head dim (kv_cache[0] and
+kv_cache[1] of the [2, N, B, H, D] pool).
 NOTE: slots are not range-checked on the device (that would need a sync); the
 engine's block manager guarantees slot < N * B.
 """
@@ -19,7 +23,22 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float, check_index, check_last_dim_contiguous, warps_for
+from kernels._launch import (
+    TOKEN_TILE_ELEMENTS,
+    check_device,
+    check_float,
+    check_index,
+    check_last_dim_contiguous,
+    token_tile,
+)
+
+
+@triton.jit
+def token_tile_slots(slot_ptr, num_tokens, BLOCK_T: tl.constexpr):
+    """(token ids [BLOCK_T] int64, their slots [BLOCK_T] int64, -1 past num_tokens) of this program's tokens."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
+    return t, slot
 
 
 @triton.jit
@@ -29,6 +48,7 @@ def _store_kv_kernel(
     k_cache_ptr,  # [N, B, H, D]
     v_cache_ptr,  # [N, B, H, D]
     slot_ptr,  # [T]
+    num_tokens,
     num_heads,
     head_dim,
     block_size,
@@ -39,29 +59,27 @@ def _store_kv_kernel(
     stride_cn,  # cache strides (block, offset, head), shared by k_cache and v_cache
     stride_cb,
     stride_ch,
+    BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    block, offset = slot // block_size, slot % block_size
-    keep = slot >= 0
-    d = tl.arange(0, BLOCK_D)
+    t, slot = token_tile_slots(slot_ptr, num_tokens, BLOCK_T)
+    keep = (slot >= 0)[:, None, None]
+    cache_row = ((slot // block_size) * stride_cn + (slot % block_size) * stride_cb)[:, None, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
     for h0 in range(0, num_heads, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)
-        mask = keep & (h < num_heads)[:, None] & (d < head_dim)[None, :]
-        cache_off = block * stride_cn + offset * stride_cb + h[:, None] * stride_ch + d[None, :]
-        key = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+        mask = keep & (h < num_heads) & (d < head_dim)
+        key = tl.load(k_ptr + t[:, None, None] * stride_kt + h * stride_kh + d, mask=mask)
+        val = tl.load(v_ptr + t[:, None, None] * stride_vt + h * stride_vh + d, mask=mask)
+        cache_off = cache_row + h * stride_ch + d
         tl.store(k_cache_ptr + cache_off, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        val = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
         tl.store(v_cache_ptr + cache_off, val.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Writes k, v [T, H, D] into k_cache, v_cache [N, B, H, D] at slot_mapping [T] (-1: skip)."""
-    check_device(_store_kv_kernel, "k, v, k_cache, v_cache and slot_mapping", k, v, k_cache, v_cache, slot_mapping)
+def check_kv_and_pool(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:  # fmt: skip
+    """The checks store_kv and rope_store_kv share: k, v [T, H, D] against a [N, B, H, D] pool."""
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_float(name, t)
         check_last_dim_contiguous(name, t)
@@ -80,16 +98,35 @@ def store_kv(
         raise ValueError(f"cache heads/head dim {tuple(k_cache.shape[2:])} must match k's {(num_heads, head_dim)}")
     if slot_mapping.shape[0] != num_tokens:
         raise ValueError(f"slot_mapping must have {num_tokens} entries (one per token), got {slot_mapping.shape[0]}")
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    tiles: dict | None = None,
+) -> None:
+    """Writes k, v [T, H, D] into k_cache, v_cache [N, B, H, D] at slot_mapping [T] (-1: skip).
+
+    tiles overrides BLOCK_T (tokens per program) or num_warps (benchmark sweeps).
+    """
+    check_device(_store_kv_kernel, "k, v, k_cache, v_cache and slot_mapping", k, v, k_cache, v_cache, slot_mapping)
+    check_kv_and_pool(k, v, k_cache, v_cache, slot_mapping)
+    num_tokens, num_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(num_heads), max(1, 4096 // block_d))
-    _store_kv_kernel[(num_tokens,)](
+    block_h = min(triton.next_power_of_2(num_heads), max(1, TOKEN_TILE_ELEMENTS // block_d))
+    config = token_tile(num_tokens, block_h * block_d, k.device, tiles)
+    _store_kv_kernel[(triton.cdiv(num_tokens, config["BLOCK_T"]),)](
         k, v, k_cache, v_cache, slot_mapping,
-        num_heads, head_dim, k_cache.shape[1],
+        num_tokens, num_heads, head_dim, k_cache.shape[1],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=warps_for(block_h * block_d),
+        BLOCK_H=block_h, BLOCK_D=block_d, **config,
     )  # fmt: skip
 
 

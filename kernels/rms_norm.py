@@ -29,6 +29,7 @@ from kernels._launch import (
 )
 
 MAX_COLS = 65536  # one row lives in registers; wider rows would spill
+TILE_KEYS = ("BLOCK_R", "num_warps")
 
 
 @triton.jit
@@ -87,7 +88,18 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"last dim of x must be at most {MAX_COLS}, got {x.shape[-1]}")
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+def _row_tile(num_rows: int, block_n: int, tiles: dict | None) -> dict:
+    """BLOCK_R rows per program (4096 elements' worth) and num_warps; `tiles` overrides either."""
+    block_r = min(triton.next_power_of_2(num_rows), max(1, 4096 // block_n))
+    unknown = set(tiles or {}) - set(TILE_KEYS)
+    if unknown:
+        raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
+    config = dict(BLOCK_R=block_r, num_warps=warps_for(block_r * block_n))
+    config.update(tiles or {})
+    return config
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, tiles: dict | None):
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty_like(out) if residual is not None else out
     n_cols = x.shape[-1]
@@ -101,28 +113,30 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if residual is not None:
         r3 = as_row_grid(residual if residual.stride(-1) == 1 else residual.contiguous())
     block_n = triton.next_power_of_2(n_cols)
-    block_r = min(triton.next_power_of_2(num_rows), max(1, 4096 // block_n))
-    _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
+    config = _row_tile(num_rows, block_n, tiles)
+    _rms_norm_kernel[(triton.cdiv(num_rows, config["BLOCK_R"]),)](
         x3, r3, weight.contiguous(), out, new_residual,
         num_rows, x3.shape[1],
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         n_cols, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n,
-        num_warps=warps_for(block_r * block_n),
+        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, **config,
     )  # fmt: skip
     return out, new_residual
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x [..., N] over its last dim with weight [N]; returns a new tensor like x."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tiles: dict | None = None) -> torch.Tensor:
+    """RMSNorm of x [..., N] over its last dim with weight [N]; returns a new tensor like x.
+
+    tiles overrides BLOCK_R (rows per program) or num_warps (benchmark sweeps).
+    """
     _check(x, weight)
-    return _launch(x, None, weight, eps)[0]
+    return _launch(x, None, weight, eps, tiles)[0]
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, tiles: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual) from one pass over x and residual."""
+    """Returns (rms_norm(x + residual), x + residual) from one pass over x and residual (tiles: as rms_norm)."""
     _check(x, weight)
     check_device(_rms_norm_kernel, "x and residual", x, residual)
     if residual.shape != x.shape or residual.dtype != x.dtype:
@@ -130,7 +144,7 @@ def fused_add_rms_norm(
             f"residual must match x in shape and dtype: x {tuple(x.shape)} {x.dtype}, "
             f"residual {tuple(residual.shape)} {residual.dtype}"
         )
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps, tiles)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

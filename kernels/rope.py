@@ -6,8 +6,9 @@ engine builds it, Llama-3 frequency scaling included). For each head:
 x1, x2 = x[:D/2], x[D/2:]; x1' = x1 cos - x2 sin; x2' = x2 cos + x1 sin.
 fp32 math, one rounding per output. Precision: fp32 within 1e-5, bf16/fp16 one rounding.
 
-Kernel: one program per token loads its cos/sin row once and rotates all q heads,
-then all k heads, BLOCK_H heads at a time. q and k may be strided views (cut out
+Kernel: each program takes BLOCK_T consecutive tokens (1 by default on the GPU, see
+rope_tiles), loads their cos/sin rows once and rotates all their q heads, then all
+their k heads, as [BLOCK_T, BLOCK_H, D/2] tiles. q and k may be strided views (cut out
 of a fused qkv projection): only the head dim must be contiguous.
 NOTE: positions are not range-checked on the device (that would need a sync);
 the engine guarantees 0 <= position < P.
@@ -19,31 +20,59 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float, check_index, check_last_dim_contiguous, warps_for
+from kernels._launch import (
+    TOKEN_TILE_ELEMENTS,
+    check_device,
+    check_float,
+    check_index,
+    check_last_dim_contiguous,
+    token_tile,
+)
 
 
 @triton.jit
-def _rotate_heads(
-    base_ptr,  # this token's row of q or k
+def load_cos_sin(pos_ptr, cache_ptr, t, num_tokens, stride_cache, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """cos, sin [BLOCK_T, 1, BLOCK_HALF] fp32 of tokens t [BLOCK_T] (tokens past num_tokens read position 0)."""
+    pos = tl.load(pos_ptr + t, mask=t < num_tokens, other=0).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    row = cache_ptr + pos[:, None] * stride_cache + d[None, :]
+    mask = (d < HALF)[None, :]
+    cos = tl.load(row, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.load(row + HALF, mask=mask, other=0.0).to(tl.float32)
+    return cos[:, None, :], sin[:, None, :]
+
+
+@triton.jit
+def rotate_tile(x1, x2, cos, sin):
+    """NeoX rotation of the halves x1, x2 (any dtype) in fp32: (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def rotate_heads_in_place(
+    x_ptr,  # [T, H, D]
+    t,  # [BLOCK_T] int64 token ids
+    num_tokens,
     num_heads,
+    stride_t,
     stride_h,
-    cos,  # [BLOCK_HALF] fp32
+    cos,  # [BLOCK_T, 1, BLOCK_HALF] fp32
     sin,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    d = tl.arange(0, BLOCK_HALF)
+    d = tl.arange(0, BLOCK_HALF)[None, None, :]
+    token_mask = (t < num_tokens)[:, None, None]
     for h0 in range(0, num_heads, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)
-        mask = (h < num_heads)[:, None] & (d < HALF)[None, :]
-        ptr1 = base_ptr + h[:, None] * stride_h + d[None, :]
-        x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0).to(tl.float32)
-        out1 = x1 * cos[None, :] - x2 * sin[None, :]
-        out2 = x2 * cos[None, :] + x1 * sin[None, :]
-        tl.store(ptr1, out1.to(base_ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr1 + HALF, out2.to(base_ptr.dtype.element_ty), mask=mask)
+        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+        mask = token_mask & (h < num_heads) & (d < HALF)
+        ptr1 = x_ptr + t[:, None, None] * stride_t + h * stride_h + d
+        out1, out2 = rotate_tile(tl.load(ptr1, mask=mask), tl.load(ptr1 + HALF, mask=mask), cos, sin)
+        tl.store(ptr1, out1.to(x_ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr1 + HALF, out2.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -52,6 +81,7 @@ def _rope_kernel(
     k_ptr,  # [T, Hkv, D]
     pos_ptr,  # [T]
     cache_ptr,  # [P, D]: cos | sin
+    num_tokens,
     num_q_heads,
     num_k_heads,
     stride_qt,
@@ -62,19 +92,16 @@ def _rope_kernel(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    d = tl.arange(0, BLOCK_HALF)
-    cos = tl.load(cache_ptr + pos * stride_cache + d, mask=d < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + d, mask=d < HALF, other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr + t * stride_qt, num_q_heads, stride_qh, cos, sin, HALF, BLOCK_HALF, BLOCK_H)
-    _rotate_heads(k_ptr + t * stride_kt, num_k_heads, stride_kh, cos, sin, HALF, BLOCK_HALF, BLOCK_H)
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cos, sin = load_cos_sin(pos_ptr, cache_ptr, t, num_tokens, stride_cache, HALF, BLOCK_HALF)
+    rotate_heads_in_place(q_ptr, t, num_tokens, num_q_heads, stride_qt, stride_qh, cos, sin, HALF, BLOCK_HALF, BLOCK_H)
+    rotate_heads_in_place(k_ptr, t, num_tokens, num_k_heads, stride_kt, stride_kh, cos, sin, HALF, BLOCK_HALF, BLOCK_H)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
-    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place at positions [T] with cos_sin_cache [P, D]."""
-    check_device(_rope_kernel, "q, k, positions and cos_sin_cache", q, k, positions, cos_sin_cache)
+def check_rope_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """The checks apply_rope and rope_store_kv share."""
     check_float("q", q)
     check_float("cos_sin_cache", cos_sin_cache)
     check_index("positions", positions, 1)
@@ -93,16 +120,43 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
     check_last_dim_contiguous("q", q)
     check_last_dim_contiguous("k", k)
     check_last_dim_contiguous("cos_sin_cache", cos_sin_cache)
+
+
+def rope_tiles(q: torch.Tensor, k: torch.Tensor, tiles: dict | None) -> dict:
+    """HALF, BLOCK_HALF, BLOCK_H (heads per chunk), BLOCK_T (tokens per program) and num_warps."""
+    half = q.shape[2] // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = min(triton.next_power_of_2(max(q.shape[1], k.shape[1])), max(1, TOKEN_TILE_ELEMENTS // block_half))
+    # NOTE: one token per program on the GPU: 2 to 16 measured no better at 4096 tokens and
+    # 3% worse at 32768 (H100, bench/results/h100/kernels.md sweep); the rotation of a
+    # token's heads already gives each program 2-5 KB to move.
+    config = token_tile(q.shape[0], block_h * block_half, q.device, tiles, max_tokens=1)
+    return dict(HALF=half, BLOCK_HALF=block_half, BLOCK_H=block_h, **config)
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    tiles: dict | None = None,
+) -> None:
+    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place at positions [T] with cos_sin_cache [P, D].
+
+    tiles overrides BLOCK_T (tokens per program) or num_warps (benchmark sweeps).
+    """
+    check_device(_rope_kernel, "q, k, positions and cos_sin_cache", q, k, positions, cos_sin_cache)
+    check_rope_args(q, k, positions, cos_sin_cache)
+    num_tokens = q.shape[0]
     if num_tokens == 0:
         return
-    half = head_dim // 2
-    block_half = triton.next_power_of_2(half)
-    block_h = min(triton.next_power_of_2(max(q.shape[1], k.shape[1])), max(1, 4096 // block_half))
-    _rope_kernel[(num_tokens,)](
+    config = rope_tiles(q, k, tiles)
+    _rope_kernel[(triton.cdiv(num_tokens, config["BLOCK_T"]),)](
         q, k, positions, cos_sin_cache,
-        q.shape[1], k.shape[1],
+        num_tokens, q.shape[1], k.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        HALF=half, BLOCK_HALF=block_half, BLOCK_H=block_h, num_warps=warps_for(block_h * block_half),
+        **config,
     )  # fmt: skip
 
 

@@ -73,8 +73,8 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = self.normalize_qk(q, k)
-        self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))  # [T, Hq*D] -> [T, H]
+        rotary = (positions, self.rotary_emb.cos_sin_cache)  # applied inside attn, fused with the KV store
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary))  # [T, Hq*D] -> [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -12,7 +12,12 @@ import math
 import pytest
 import torch
 
-from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
+from kernels.decode_attention import (
+    choose_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+    split_counters,
+)
 from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 
 ON_GPU = torch.cuda.is_available()
@@ -129,6 +134,37 @@ def test_decode_attention_matches_reference(case, dtype, tol, num_splits, paged_
                                  num_splits=num_splits)  # fmt: skip
     ref = paged_decode_attention_ref(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale)
     torch.testing.assert_close(out, ref, **tol)
+
+
+def test_split_merge_tickets_return_to_zero(paged_batch):
+    """The last split of each group merges and resets its counter, so a second call (and the
+    next layer's) starts from zero and merges again."""
+    batch = paged_batch([1, 1, 1], [70, 5, 33], 8, 2, 64, 16, torch.float32)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125)
+    ref = paged_decode_attention_ref(*args)
+    for _ in range(2):
+        torch.testing.assert_close(paged_decode_attention(*args, num_splits=5), ref, atol=1e-4, rtol=1e-4)
+        assert int(split_counters(1, batch.q.device).abs().sum()) == 0
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA GPU")
+def test_split_decode_in_a_cuda_graph_merges_on_every_replay(paged_batch):
+    batch = paged_batch([1] * 4, [3000, 17, 700, 4095], 32, 8, 128, 16, torch.bfloat16)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 1 / math.sqrt(128))
+    paged_decode_attention(*args, num_splits=9)  # compile and allocate outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        paged_decode_attention(*args, num_splits=9)  # the capture stream's counters, before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = paged_decode_attention(*args, num_splits=9)
+    for _ in range(3):
+        batch.q.copy_(torch.randn_like(batch.q))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=2e-2, rtol=2e-2)
 
 
 def test_split_count_fills_the_gpu_and_stays_static(device):

@@ -63,6 +63,16 @@ def test_rope_and_store_kv_ops_agree(dtype, tol, device):
         ops.store_kv(k1, q1[:, :2], pools[1], slots)
     torch.testing.assert_close(pools[0], pools[1], atol=0, rtol=0, equal_nan=True)
 
+    # fused: the same rotation and store as the two ops above, in one call
+    fused_q = [q.clone(), q.clone()]
+    fused_pools = [torch.full((2, 3, 4, 2, 32), float("nan"), dtype=dtype, device=device) for _ in range(2)]
+    for backend, q_i, pool in zip(("triton", "torch"), fused_q, fused_pools):
+        with ops.kernel_backend(backend):
+            ops.rope_store_kv(q_i, k, q[:, :2], positions, cache, pool, slots)
+    torch.testing.assert_close(fused_q[0], fused_q[1], **tol)
+    torch.testing.assert_close(fused_q[1], q2, atol=0, rtol=0)  # torch: exactly apply_rope's rotation
+    torch.testing.assert_close(fused_pools[0], fused_pools[1], equal_nan=True, **tol)
+
 
 def _metadata(batch) -> AttentionMetadata:
     return AttentionMetadata(

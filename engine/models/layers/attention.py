@@ -40,9 +40,13 @@ class PagedAttention(nn.Module):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """q [T, Hq*D] or [T, Hq, D]; k, v [T, Hkv*D] or [T, Hkv, D] -> [T, Hq*D].
 
+        rotary: (positions [T], cos_sin_cache [P, D]) to apply RoPE to q and k here, fused
+        with the store (one kernel instead of two per layer); None when q and k arrive
+        rotated or the model has no rotary embedding (GPT-2).
         NOTE: q, k, v may be views into a fused QKV output (last dim contiguous, row
         stride (Hq + 2 Hkv) * D); the ops accept that layout.
         """
@@ -50,6 +54,10 @@ class PagedAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        ops.store_kv(k, v, kv_cache, meta.slot_mapping)
+        if rotary is None:
+            ops.store_kv(k, v, kv_cache, meta.slot_mapping)
+        else:
+            positions, cos_sin_cache = rotary
+            ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, meta.slot_mapping)
         out = ops.paged_attention(q, kv_cache, meta, self.scale)  # [T, Hq, D]
         return out.reshape(num_tokens, self.num_heads * self.head_dim)

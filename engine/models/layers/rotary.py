@@ -77,7 +77,10 @@ def build_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates q and k in place by their positions.
+    """Holds the [P, D] cos|sin table; forward rotates q and k in place by their positions.
+
+    NOTE: the Llama-family models do not call forward: they hand (positions, cos_sin_cache)
+    to PagedAttention, which rotates inside the KV store (ops.rope_store_kv, one kernel).
 
     Args:
         head_dim: D.
