@@ -50,6 +50,7 @@ CASES = {
     "decode_b16_l4k_default": lambda: _decode_case(16, 4096, None),
     "decode_b16_l4k_2splits": lambda: _decode_case(16, 4096, 2),
     "decode_b256_l1k": lambda: _decode_case(256, 1024, None),
+    "decode_b1_l64k": lambda: _decode_case(1, 65536, None),
     "prefill_s1k_b16": lambda: _prefill_case(1024, 16),
     "rms_norm_4096x2048": lambda: _small_case("rms_norm", 4096, 2048),
     "rope_4096x2048": lambda: _small_case("rope", 4096, 2048),

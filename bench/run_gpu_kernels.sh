@@ -3,7 +3,7 @@
 # Run from the repo root:  bash bench/run_gpu_kernels.sh
 # Writes into $OUT (default bench/results/tmp): gpu.txt, tests.log, bench.log, kernels.json, kernels.md,
 # and ncu.txt: Nsight Compute's report of the kernels whose goals are missed (bench/kernel_profile.py;
-# skipped when ncu is absent or PROFILE=0).
+# skipped when ncu is absent or PROFILE=0; PROFILE_CASES names a subset).
 # Each phase has its own time limit (TESTS_TIMEOUT_S, BENCH_TIMEOUT_S) so that one slow
 # phase cannot starve the other inside a 10-minute call; the bench writes its JSON and
 # markdown after every suite, so a cut-off run keeps what it measured.
@@ -36,7 +36,7 @@ if [ "${PROFILE:-1}" = 1 ] && [ -n "$NCU" ]; then
     timeout "${PROFILE_TIMEOUT_S:-150}" "$NCU" --clock-control none --profile-from-start off --target-processes all \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats \
-        "$PYTHON" -m bench.kernel_profile >"$OUT/ncu.txt" 2>&1
+        "$PYTHON" -m bench.kernel_profile ${PROFILE_CASES:-} >"$OUT/ncu.txt" 2>&1
     profile_rc=$?
 fi
 
