@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.kernel_math import decode_kv_bytes, prefill_flops
 from bench.kernel_timing import Bench, gbps, tflops
-from kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kernels.decode_attention import DEFAULT_MERGE, MERGES, choose_num_splits, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 
 
@@ -136,6 +136,14 @@ def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_di
             "inferq_gbps": gbps(nbytes, ms),
             "inferq_timing": timing,
         }
+        if row["splits"] > 1:  # the other merge, same inputs: the data behind DEFAULT_MERGE
+            other = next(m for m in MERGES if m != DEFAULT_MERGE)
+
+            def ours_other(q, k_cache, v_cache, block_tables, seq_lens, other=other):
+                return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, merge=other)
+
+            other_ms, _ = bench.measure(ours_other, ours_inputs, graph=True)
+            row.update(other_merge=other, other_merge_us=other_ms * 1e3)
         name, backend = _sdpa_peers(bench)[0]
         try:
             peer_ms, peer_out, note = _time_sdpa(bench, backend, peer_inputs, graph=True, scale=scale)

@@ -94,6 +94,7 @@ def _markdown(results: dict) -> str:
         parts += ["", "## Decode attention (paged K/V, GB/s of K+V read)", "", _table(results["decode"], [
             ("B", "B", ""), ("L", "L", ""), ("splits", "splits", ""), ("inferq_us", "inferq us", ".1f"),
             ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_read_bw", "of read BW", ".0%"),
+            ("other_merge", "other merge", ""), ("other_merge_us", "its us", ".1f"),
             ("sdpa_flash_gbps", "SDPA flash GB/s", ".0f"), ("inferq_vs_sdpa_flash", "vs flash", ".2f"),
             ("max_abs_diff_vs_sdpa_flash", "max diff", ".1e"), ("max_abs_diff_vs_sdpa_math", "max diff (math)", ".1e"),
         ])]  # fmt: skip

@@ -37,6 +37,8 @@ from kernels._online_softmax import attend_tile
 from kernels.prefill_attention import check_paged_kv, load_kv_tile, paged_prefill_attention_ref
 
 MAX_SPLITS = 64
+MERGES = ("last_split", "kernel")
+DEFAULT_MERGE = "last_split"
 INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
 PROGRAMS_PER_SM = 2
 
@@ -66,10 +68,13 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,  # GROUP padded to a tl.dot row count
+    BLOCK_GROUP: tl.constexpr,  # GROUP padded to a power of two (the merge's rows)
     BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_P: tl.constexpr,  # NUM_SPLITS padded to a power of two
+    P_CHUNK: tl.constexpr,
+    MERGE_HERE: tl.constexpr,  # the last split merges (else _merge_splits_kernel runs after)
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -131,46 +136,75 @@ def _decode_kernel(
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], out, mask=g_mask[:, None])
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=g_mask)
-        # Every thread's partial stores come before the ticket (barrier), and the ticket
-        # releases them to whichever program draws the last one (acq_rel at GPU scope).
-        tl.debug_barrier()
-        counter = counter_ptr + seq * tl.num_programs(1) + kv_head
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if ticket == NUM_SPLITS - 1:
-            first_row = (seq * num_heads + kv_head * GROUP).to(tl.int64)
-            for g_i in tl.static_range(GROUP):
-                _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, first_row + g_i, HEAD_DIM, BLOCK_D, NUM_SPLITS,
-                              BLOCK_P)  # fmt: skip
-            tl.atomic_xchg(counter, 0)  # ready for the next call
+        if MERGE_HERE:
+            # Every thread's partial stores come before the ticket (barrier), and the ticket
+            # releases them to whichever program draws the last one (acq_rel at GPU scope).
+            tl.debug_barrier()
+            counter = counter_ptr + seq * tl.num_programs(1) + kv_head
+            ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:
+                first_row = (seq * num_heads + kv_head * GROUP).to(tl.int64)
+                merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, first_row, HEAD_DIM, BLOCK_D, NUM_SPLITS,
+                                 BLOCK_P, GROUP, BLOCK_GROUP, P_CHUNK)  # fmt: skip
+                tl.atomic_xchg(counter, 0)  # ready for the next call
 
 
 @triton.jit
-def _merge_splits(
+def merge_split_rows(
     part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32
     part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
     out_ptr,  # [S, Hq, D] contiguous
-    row,  # sequence * Hq + query head
+    first_row,  # sequence * Hq + first query head of the rows
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,  # ROWS padded to a power of two
+    P_CHUNK: tl.constexpr,  # splits per load; the chunks are unrolled, so their loads overlap
 ):
-    """out[row] = sum_p exp2(lse_p - max lse) part_p / sum_p exp2(lse_p - max lse).
+    """out[r] = sum_p exp2(lse_p - max lse) part_p / sum_p exp2(lse_p - max lse) for ROWS rows.
 
     NOTE: .cg loads read the parts from L2, never from this SM's L1, which may hold
     lines of an earlier call's parts."""
+    r = tl.arange(0, BLOCK_ROWS)
+    rows = first_row + r  # [R]
+    r_mask = (r < ROWS)[:, None]
     p = tl.arange(0, BLOCK_P)
-    p_mask = p < NUM_SPLITS
-    d = tl.arange(0, BLOCK_D)
-    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + p, mask=p_mask, other=float("-inf"), cache_modifier=".cg")
-    lse_max = tl.max(lse, axis=0)
+    lse = tl.load(part_lse_ptr + rows[:, None] * NUM_SPLITS + p[None, :], mask=r_mask & (p < NUM_SPLITS)[None, :],
+                  other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+    lse_max = tl.max(lse, axis=1)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights 0, not NaN
-    weight = tl.exp2(lse - lse_max)  # [BLOCK_P]
-    parts = tl.load(part_out_ptr + (row * NUM_SPLITS + p)[:, None] * BLOCK_D + d[None, :],
-                    mask=p_mask[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-    total = tl.sum(weight, axis=0)
-    out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    total = tl.sum(tl.exp2(lse - lse_max[:, None]), axis=1)  # [R]
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
+    for c in tl.static_range(0, BLOCK_P, P_CHUNK):
+        pc = c + tl.arange(0, P_CHUNK)
+        chunk_mask = r_mask & (pc < NUM_SPLITS)[None, :]  # [R, C]
+        part = rows[:, None] * NUM_SPLITS + pc[None, :]  # [R, C]
+        lse_c = tl.load(part_lse_ptr + part, mask=chunk_mask, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(part_out_ptr + (part * BLOCK_D)[:, :, None] + d[None, None, :], mask=chunk_mask[:, :, None],
+                        other=0.0, cache_modifier=".cg")  # fmt: skip
+        acc += tl.sum(parts * tl.exp2(lse_c - lse_max[:, None])[:, :, None], axis=1)
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=r_mask & (d < HEAD_DIM)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32
+    part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
+    out_ptr,  # [S, Hq, D] contiguous
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    P_CHUNK: tl.constexpr,
+):
+    """merge="kernel": one program per (sequence, query head) after the decode kernel."""
+    merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), HEAD_DIM, BLOCK_D,
+                     NUM_SPLITS, BLOCK_P, 1, 1, P_CHUNK)  # fmt: skip
 
 
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -245,11 +279,14 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     tiles: dict | None = None,
+    merge: str = DEFAULT_MERGE,
 ) -> torch.Tensor:
     """Attention of one query per sequence q [S, Hq, D] over its paged K/V -> new tensor [S, Hq, D].
 
     num_splits overrides the context split count (tests and benchmarks); None picks it
     from the batch and the SM count. tiles overrides BLOCK_N, num_warps or num_stages.
+    merge: where split parts are merged, "last_split" (the decode kernel's last program
+    of each group) or "kernel" (a second kernel); see MERGES.
     """
     check_device(_decode_kernel, "q, k_cache, v_cache, block_tables and seq_lens",
                  q, k_cache, v_cache, block_tables, seq_lens)  # fmt: skip
@@ -265,9 +302,12 @@ def paged_decode_attention(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, q.device)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     group = num_heads // num_kv_heads
     config = _tile_config(head_dim, q.dtype, tiles)
     block_d = config["BLOCK_D"]
+    block_p = triton.next_power_of_2(num_splits)
     if num_splits > 1:
         part_out = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -282,11 +322,23 @@ def paged_decode_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits, BLOCK_P=triton.next_power_of_2(num_splits),
-        DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_GROUP=triton.next_power_of_2(group), PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
+        BLOCK_P=block_p, P_CHUNK=_merge_chunk(triton.next_power_of_2(group), block_d, block_p),
+        MERGE_HERE=merge == "last_split", DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **config,
     )  # fmt: skip
+    if num_splits > 1 and merge == "kernel":
+        _merge_splits_kernel[(num_seqs * num_heads,)](
+            part_out, part_lse, out,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, BLOCK_P=block_p,
+            P_CHUNK=_merge_chunk(1, block_d, block_p), num_warps=4,
+        )  # fmt: skip
     return out
+
+
+def _merge_chunk(rows: int, block_d: int, block_p: int) -> int:
+    """Splits per merge load: 4096 fp32 elements (32 registers a thread at 4 warps)."""
+    return max(1, min(block_p, 4096 // (rows * block_d)))
 
 
 def paged_decode_attention_ref(

@@ -136,6 +136,17 @@ def test_decode_attention_matches_reference(case, dtype, tol, num_splits, paged_
     torch.testing.assert_close(out, ref, **tol)
 
 
+@pytest.mark.parametrize("case", DECODE_CASES, ids=_case_id)
+def test_decode_attention_merged_by_a_second_kernel_matches_reference(case, paged_batch):
+    """merge="kernel": the split parts merged by _merge_splits_kernel instead of the last split."""
+    context_lens, num_heads, num_kv_heads, head_dim, block_size = case
+    batch = paged_batch([1] * len(context_lens), context_lens, num_heads, num_kv_heads, head_dim, block_size,
+                        torch.float32)  # fmt: skip
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 1.0 / math.sqrt(head_dim))
+    out = paged_decode_attention(*args, num_splits=7, merge="kernel")
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=1e-4, rtol=1e-4)
+
+
 def test_split_merge_tickets_return_to_zero(paged_batch):
     """The last split of each group merges and resets its counter, so a second call (and the
     next layer's) starts from zero and merges again."""
