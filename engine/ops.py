@@ -23,6 +23,7 @@ import torch
 from engine.attention_metadata import AttentionMetadata
 from kernels.decode_attention import paged_decode_attention_ref
 from kernels.gelu_tanh import gelu_tanh_ref
+from kernels.greedy_sample import greedy_sample_ref
 from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
@@ -125,6 +126,15 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         kernel(k, v, kv_cache[0], kv_cache[1], slot_mapping)
         return
     store_kv_ref(k, v, kv_cache[0], kv_cache[1], slot_mapping)
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    """[S, V] logits -> [2, S] int64: (argmax per row, 1 if the row is all finite else 0)."""
+    if use_triton(logits):
+        from kernels.greedy_sample import greedy_sample as kernel
+
+        return kernel(logits)
+    return greedy_sample_ref(logits)
 
 
 def rope_store_kv(

@@ -1,0 +1,49 @@
+"""Greedy sampling kernel against torch.argmax and isfinite: first index on ties, every
+chunk count, non-finite rows flagged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.greedy_sample import BLOCK_V, greedy_sample, greedy_sample_ref
+
+ON_GPU = torch.cuda.is_available()
+# (rows, vocab): one row, a vocab that is not a multiple of the tile, more chunks than rows
+SHAPES = [(1, 100), (3, 2 * BLOCK_V + 5), (5, 3 * BLOCK_V)]
+if ON_GPU:
+    SHAPES += [(1, 128256), (256, 151936), (17, 50257)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_greedy_sample_matches_argmax(shape, dtype, device):
+    logits = torch.randn(*shape, device=device).to(dtype)
+    for chunks in sorted({None, 1, -(-shape[1] // BLOCK_V)}, key=lambda c: c or 0):
+        torch.testing.assert_close(greedy_sample(logits, chunks=chunks), greedy_sample_ref(logits), atol=0, rtol=0)
+
+
+def test_ties_go_to_the_first_index_across_chunks(device):
+    logits = torch.zeros(2, 3 * BLOCK_V + 1, device=device)
+    logits[0, [7, BLOCK_V + 3, 3 * BLOCK_V]] = 5.0  # equal maxima in three chunks
+    logits[1, [3 * BLOCK_V, 2 * BLOCK_V + 1]] = 2.0
+    out = greedy_sample(logits, chunks=3)
+    assert out[0].tolist() == [7, 2 * BLOCK_V + 1]
+    assert out.tolist() == greedy_sample_ref(logits).tolist()
+
+
+def test_non_finite_rows_are_flagged(device):
+    logits = torch.randn(4, 2 * BLOCK_V + 9, device=device)
+    logits[1, 5] = float("nan")
+    logits[2, 2 * BLOCK_V + 8] = float("inf")
+    logits[3] = float("-inf")
+    out = greedy_sample(logits, chunks=2)
+    assert out[1].tolist() == [1, 0, 0, 0]
+    assert out[0, 0] == logits[0].argmax()
+    for _ in range(2):  # the row counters went back to zero: a second call merges again
+        assert greedy_sample(logits, chunks=2)[1].tolist() == [1, 0, 0, 0]
+
+
+def test_greedy_sample_rejects_a_bad_chunk_count(device):
+    with pytest.raises(ValueError, match="chunks must be in"):
+        greedy_sample(torch.zeros(1, 10, device=device), chunks=2)
