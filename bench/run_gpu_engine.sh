@@ -13,6 +13,12 @@
 # engine_offline_throughput.{json,md,png}. Each phase has its own time limit so that one
 # slow phase cannot starve the others inside a 10-minute call; the benchmarks rewrite their
 # JSON and markdown after every model, so a cut-off run keeps what it measured.
+#   PHASES="tests decode offline plots" (default: all) runs a subset, so that one session's
+#   work can span two calls.
+#   BASELINE_TREE=build/baseline: also run each benchmark from that tree (an earlier commit,
+#   `git archive REV engine kernels bench | tar -x -C build/baseline`; carry build), without
+#   the transformers peer, into $OUT/baseline: a same-machine A/B, since host speed differs
+#   10-20% between machines of one kind.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
@@ -36,6 +42,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 "$PYTHON" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' 2>&1 | tee -a "$LOG"
 [ -f "$INFERQ_TOKENIZER_DIR/tokenizer.json" ] || echo "WARNING: no tokenizer in $INFERQ_TOKENIZER_DIR (carry artifacts/smollm2-tokenizer)" | tee -a "$LOG"
 
+wants() { case " ${PHASES:-tests decode offline plots} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+baseline() {  # baseline MODULE: the benchmark from BASELINE_TREE, into $OUT/baseline
+    [ -n "${BASELINE_TREE:-}" ] || return 0
+    phase "$1 (baseline tree $BASELINE_TREE)"
+    mkdir -p "$OUT/baseline"
+    local out_abs
+    out_abs="$(cd "$OUT/baseline" && pwd)"
+    (cd "$BASELINE_TREE" && PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${BASELINE_TIMEOUT_S:-150}" \
+        "$PYTHON" -m "$1" --skip-hf ${BASELINE_ARGS:-} --out "$out_abs") 2>&1 | tee -a "$LOG"
+}
+
+tests_rc=0 decode_rc=0 offline_rc=0
+if wants tests; then
 phase "GPU tests"
 xdist_args=()
 if "$PYTHON" -c 'import xdist' 2>/dev/null; then
@@ -46,17 +66,26 @@ read -r -a test_paths <<<"${TEST_PATHS:-tests/engine/test_gpu_parity.py tests/en
 timeout "${TESTS_TIMEOUT_S:-170}" "$PYTHON" -m pytest "${test_paths[@]}" \
     -q -p no:cacheprovider -p no:benchmark --durations=15 "${xdist_args[@]}" 2>&1 | tee -a "$LOG"
 tests_rc=${PIPESTATUS[0]}
+fi
 
-phase "decode latency"
-timeout "${DECODE_TIMEOUT_S:-120}" "$PYTHON" -m bench.decode_latency --out "$OUT" 2>&1 | tee -a "$LOG"
-decode_rc=${PIPESTATUS[0]}
+if wants decode; then
+    phase "decode latency"
+    timeout "${DECODE_TIMEOUT_S:-120}" "$PYTHON" -m bench.decode_latency --out "$OUT" 2>&1 | tee -a "$LOG"
+    decode_rc=${PIPESTATUS[0]}
+    baseline bench.decode_latency
+fi
 
-phase "offline throughput"
-timeout "${OFFLINE_TIMEOUT_S:-180}" "$PYTHON" -m bench.offline_throughput --out "$OUT" 2>&1 | tee -a "$LOG"
-offline_rc=${PIPESTATUS[0]}
+if wants offline; then
+    phase "offline throughput"
+    timeout "${OFFLINE_TIMEOUT_S:-180}" "$PYTHON" -m bench.offline_throughput --out "$OUT" 2>&1 | tee -a "$LOG"
+    offline_rc=${PIPESTATUS[0]}
+    baseline bench.offline_throughput
+fi
 
-phase plots
-timeout 60 "$PYTHON" -m bench.plot --results "$OUT" 2>&1 | tee -a "$LOG"
+if wants plots; then
+    phase plots
+    timeout 60 "$PYTHON" -m bench.plot --results "$OUT" 2>&1 | tee -a "$LOG"
+fi
 
 phase done
 echo "exit codes (124 = ran out of time): tests $tests_rc, decode $decode_rc, offline $offline_rc" | tee -a "$LOG"
