@@ -28,9 +28,13 @@ from kernels._launch import check_device, check_float, interpreting, num_sms
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []  # replaced counters stay alive: a captured CUDA graph may still point at them
 BLOCK_V = 2048
+MAX_CHUNKS = 128
 
 
-@triton.jit
+# NOTE: the row count and chunk count are run-time arguments, never constexprs: they change
+# with the batch from step to step, and a constexpr per value recompiled the kernel dozens of
+# times inside one benchmark run (Qwen3-0.6B offline: 6 s of compiles, 33% of roofline instead of 54%).
+@triton.jit(do_not_specialize=["num_rows", "num_chunks"])
 def _greedy_kernel(
     logits_ptr,  # [S, V]
     part_max_ptr,  # [S, C] fp32
@@ -39,10 +43,10 @@ def _greedy_kernel(
     counter_ptr,  # [>= S] int32, zero between calls
     out_ptr,  # [2, S] int64
     num_rows,
+    num_chunks,  # C
     vocab,
     stride_row,
-    CHUNKS: tl.constexpr,
-    BLOCK_C: tl.constexpr,  # CHUNKS padded to a power of two
+    BLOCK_C: tl.constexpr,  # MAX_CHUNKS: one compiled variant for every C
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -53,7 +57,7 @@ def _greedy_kernel(
     best_idx = tl.full([BLOCK_V], 2**31 - 1, tl.int32)
     bad = tl.zeros([BLOCK_V], tl.int32)
     # this program's columns: chunk, chunk + CHUNKS, ... in BLOCK_V tiles (coalesced, balanced)
-    for start in range(chunk * BLOCK_V, vocab, CHUNKS * BLOCK_V):
+    for start in range(chunk * BLOCK_V, vocab, num_chunks * BLOCK_V):
         idx = start + cols
         x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
         bad += (((x != x) | (tl.abs(x) == float("inf"))) & (idx < vocab)).to(tl.int32)
@@ -62,18 +66,18 @@ def _greedy_kernel(
         best_idx = tl.where(better, idx, best_idx)
     chunk_max = tl.max(best, axis=0)
     chunk_idx = tl.min(tl.where(best == chunk_max, best_idx, 2**31 - 1), axis=0)
-    part = row * CHUNKS + chunk
+    part = row * num_chunks + chunk
     tl.store(part_max_ptr + part, chunk_max)
     tl.store(part_idx_ptr + part, chunk_idx)
     tl.store(part_bad_ptr + part, tl.sum(bad, axis=0))
     tl.debug_barrier()  # every thread's stores before the ticket (which releases them)
     ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
-    if ticket == CHUNKS - 1:
+    if ticket == num_chunks - 1:
         c = tl.arange(0, BLOCK_C)
-        c_mask = c < CHUNKS
-        maxes = tl.load(part_max_ptr + row * CHUNKS + c, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
-        idxs = tl.load(part_idx_ptr + row * CHUNKS + c, mask=c_mask, other=2**31 - 1, cache_modifier=".cg")
-        bads = tl.load(part_bad_ptr + row * CHUNKS + c, mask=c_mask, other=0, cache_modifier=".cg")
+        c_mask = c < num_chunks
+        maxes = tl.load(part_max_ptr + row * num_chunks + c, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
+        idxs = tl.load(part_idx_ptr + row * num_chunks + c, mask=c_mask, other=2**31 - 1, cache_modifier=".cg")
+        bads = tl.load(part_bad_ptr + row * num_chunks + c, mask=c_mask, other=0, cache_modifier=".cg")
         row_max = tl.max(maxes, axis=0)
         token = tl.min(tl.where(maxes == row_max, idxs, 2**31 - 1), axis=0)
         token = tl.where(token == 2**31 - 1, 0, token)  # an all -inf / NaN row: no max; it is flagged below
@@ -97,7 +101,7 @@ def choose_chunks(num_rows: int, vocab: int, device: torch.device) -> int:
     """Programs per row: about two per SM over the whole batch, at most one per BLOCK_V columns."""
     if interpreting() or device.type != "cuda":
         return min(3, triton.cdiv(vocab, BLOCK_V))  # crosses chunk borders in the CPU tests
-    return max(1, min(triton.cdiv(vocab, BLOCK_V), triton.cdiv(2 * num_sms(device), num_rows)))
+    return max(1, min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V), triton.cdiv(2 * num_sms(device), num_rows)))
 
 
 def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
@@ -115,15 +119,16 @@ def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.T
     if num_rows == 0:
         return out
     chunks = chunks or choose_chunks(num_rows, vocab, logits.device)
-    if not 1 <= chunks <= triton.cdiv(vocab, BLOCK_V):
-        raise ValueError(f"chunks must be in [1, {triton.cdiv(vocab, BLOCK_V)}] for V = {vocab}, got {chunks}")
+    most = min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V))
+    if not 1 <= chunks <= most:
+        raise ValueError(f"chunks must be in [1, {most}] for V = {vocab}, got {chunks}")
     part_max = torch.empty((num_rows, chunks), dtype=torch.float32, device=logits.device)
     part_idx = torch.empty((num_rows, chunks), dtype=torch.int32, device=logits.device)
     part_bad = torch.empty((num_rows, chunks), dtype=torch.int32, device=logits.device)
     _greedy_kernel[(num_rows, chunks)](
         logits, part_max, part_idx, part_bad, _counters(num_rows, logits.device), out,
-        num_rows, vocab, logits.stride(0),
-        CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK_V=BLOCK_V, num_warps=8,
+        num_rows, chunks, vocab, logits.stride(0),
+        BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=8,
     )  # fmt: skip
     return out
 

@@ -47,3 +47,17 @@ def test_non_finite_rows_are_flagged(device):
 def test_greedy_sample_rejects_a_bad_chunk_count(device):
     with pytest.raises(ValueError, match="chunks must be in"):
         greedy_sample(torch.zeros(1, 10, device=device), chunks=2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="counts compiled GPU kernels")
+def test_one_compiled_variant_for_every_batch_size(device):
+    """Batch and chunk counts change every step: they must not be compile-time constants
+    (a variant per value recompiled the kernel dozens of times in one offline run)."""
+    from kernels.greedy_sample import _greedy_kernel
+
+    kernel_cache = _greedy_kernel.device_caches[torch.cuda.current_device()][0]
+    greedy_sample(torch.randn(1, 151936, device=device))
+    variants = len(kernel_cache)  # other tests of this process compiled other dtypes and strides
+    for rows in (2, 3, 7, 16, 33, 100, 256):
+        greedy_sample(torch.randn(rows, 151936, device=device))
+    assert len(kernel_cache) == variants
