@@ -110,10 +110,11 @@ def small_kernel_suite(bench: Bench, ops, token_counts, hiddens, dtype: torch.dt
 
 
 def same_size_copy(bench: Bench, nbytes: int) -> dict:
-    """copy_us / copy_gbps: a device-to-device copy moving the kernel's bytes (nbytes / 2 read,
-    nbytes / 2 written), timed the same way: the floor a kernel of this size can reach, fixed
-    launch-and-drain cost included (the copy-bandwidth ceiling comes from a 1 GB copy, where
-    that cost vanishes)."""
+    """copy_us / copy_gbps: torch's Tensor.copy_ (a device-to-device cudaMemcpyAsync) moving the
+    kernel's bytes (nbytes / 2 read, nbytes / 2 written), timed the same way. A reference point
+    for kernels of this size, not a floor: the driver's copy has fixed costs of its own and
+    came out below the Triton kernels at some sizes (bench/results/h100/kernels.md).
+    """
     half = max(1, nbytes // 4)  # bf16 elements per side: torch's copy then moves 16-byte vectors, as the kernels do
 
     def buffer() -> torch.Tensor:

@@ -15,9 +15,11 @@ needs no host sync and is CUDA-graph safe). With P = 1 the program writes the ou
 Otherwise it writes its normalized partial output and log-sum-exp, then takes a ticket
 from an atomic counter of its (sequence, KV head); the program that draws the last
 ticket merges the P parts of the group's G heads, weighted by exp2(lse_p - max lse),
-and puts the counter back to 0. (A separate merge kernel measured 4.4 us in Nsight
-Compute at B = 16, L = 4k on an H100, plus the gap between two launches: ~10% of the
-step; the decode kernel alone read at 91% of bandwidth there.) P is chosen from the
+and puts the counter back to 0 (merge="kernel" instead runs a second kernel). On an
+H100 the last-split merge measured 15.2 / 101.1 / 97.1 us against the second kernel's
+15.7 / 101.9 / 98.7 us at B = 1 L = 4k / B = 1 L = 64k / B = 16 L = 4k (same run,
+bench/results/h100/kernels.md), so it is the default; it also saves the engine one
+launch per layer. P is chosen from the
 SM count: enough programs for about two per SM, one when S * Hkv already fills the GPU.
 NOTE: the counters live in a per-(device, stream) buffer that is zero between calls;
 two decode calls on one stream run one after the other, so they never share a counter

@@ -192,7 +192,11 @@ def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: i
     stages for queries up to 4k, of 128 with 8 warps and 3 stages beyond (H100, bf16,
     GQA 32/8, D = 128, `python -m bench.kernels --sweep`: 273 / 355 / 382 TFLOP/s at
     S = 1k / 4k / 16k for the first, 236 / 358 / 404 for the second, 233 / 316 / 360
-    for 64-key tiles). D = 256 and fp32 halve the tiles to fit shared memory. The
+    for 64-key tiles). D = 256 and fp32 halve the tiles to fit shared memory.
+    NOTE: the 4-warp, 128-row tile spills: Nsight Compute shows 255 registers a thread and
+    163,840 local-memory spill requests at S = 1k (bench/results/h100/
+    kernels_ncu_session3_first_run.txt), 0.39 instructions issued per scheduler cycle;
+    the 8-warp tiles that do not spill measured slower still at S <= 4k. The
     interpreter gets small tiles so that small test shapes still cross tile borders.
     """
     block_d = max(16, triton.next_power_of_2(head_dim))
