@@ -19,6 +19,7 @@ runs in its own interpreter, so `inferq api` never pays for torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -85,10 +86,16 @@ class Stack:
         self.children.clear()
 
     def kill(self) -> None:
-        """SIGKILL every child still running (a second Ctrl-C: stop waiting for them)."""
+        """SIGKILL every child and what it started (a second Ctrl-C: stop waiting for them).
+
+        Each child leads its own process group (start_new_session), so the group kill also
+        ends the worker's publisher process, which would otherwise outlive this command by up
+        to its parent-check interval. No waiting here: this runs in a signal handler, possibly
+        inside stop()'s Popen.wait, whose lock a nested wait could deadlock on; stop() reaps.
+        """
         for _, proc in self.children:
-            if proc.poll() is None:
-                proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _wait_ready(url: str, stack: Stack, timeout_s: float) -> None:
