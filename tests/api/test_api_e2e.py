@@ -207,9 +207,12 @@ def test_disconnected_client_is_cancelled_after_grace_and_kv_is_freed(stack):
     with stack["api"].client(timeout=60) as http, http.stream("POST", "/v1/chat/completions", json=body) as resp:
         request_id = resp.headers["x-request-id"]
         read_until(resp, 2)
-        # It holds KV blocks while it runs (the heartbeat lags a beat behind).
-        wait_for(lambda: free_kv_tokens(client, prefix) < idle_free, 5, "KV blocks in use")
+        # The client leaves here: read_until's abandoned iter_text already closed the connection
+        # (the server's grace period starts now, not at the end of this block); close says so.
+        resp.close()
         left_at = time.monotonic()
+        # The request runs on through the grace period, holding KV blocks (the heartbeat lags a beat behind).
+        wait_for(lambda: free_kv_tokens(client, prefix) < idle_free, 5, "KV blocks in use")
     wait_for(lambda: client.get(Keys(prefix).cancel(request_id)), 10, "the cancel key")
     assert time.monotonic() - left_at >= 0.9  # resume_grace_s = 1.0
 
