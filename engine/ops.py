@@ -28,7 +28,6 @@ from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rope import apply_rope_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
@@ -106,16 +105,6 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
         return kernel(x)
     return gelu_tanh_ref(x)
-
-
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
-    """Rotates q [T, Hq, D] and k [T, Hkv, D] in place."""
-    if use_triton(q):
-        from kernels.rope import apply_rope as kernel
-
-        kernel(q, k, positions, cos_sin_cache)
-        return
-    apply_rope_ref(q, k, positions, cos_sin_cache)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -102,6 +102,31 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+_TICKETS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_OUTGROWN_TICKETS: list[torch.Tensor] = []  # replaced buffers stay alive: a captured CUDA graph may still use them
+MIN_TICKETS = 1 << 16  # 256 KB of int32: no growth below 65536 counters
+
+
+def ticket_counters(num: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters (at least `num`) for kernels whose last program of a group merges
+    the group's partial results: each program takes a ticket (atomic add) and the one that
+    draws the last puts the counter back to 0, so the buffer is all zero between kernels.
+
+    NOTE: one buffer per (device, stream), shared by every such kernel (split decode attention,
+    greedy sampling): kernels on one stream run one after another, so they never share a
+    counter while it is counting, and a second stream gets its own buffer.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    counters = _TICKETS.get(key)
+    if counters is None or counters.numel() < num:
+        if counters is not None:
+            _OUTGROWN_TICKETS.append(counters)
+        counters = torch.zeros(max(num, MIN_TICKETS), dtype=torch.int32, device=device)
+        _TICKETS[key] = counters
+    return counters
+
+
 def warps_for(elements: int) -> int:
     """Warps for a memory-bound tile: enough threads for 16-byte accesses, at most 16 warps."""
     if elements <= 2048:

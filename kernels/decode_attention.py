@@ -21,9 +21,8 @@ H100 the last-split merge measured 15.2 / 101.1 / 97.1 us against the second ker
 bench/results/h100/kernels.md), so it is the default; it also saves the engine one
 launch per layer. P is chosen from the
 SM count: enough programs for about two per SM, one when S * Hkv already fills the GPU.
-NOTE: the counters live in a per-(device, stream) buffer that is zero between calls;
-two decode calls on one stream run one after the other, so they never share a counter
-while it is counting.
+NOTE: the counters are kernels._launch.ticket_counters (zero between kernels, one buffer
+per device and stream).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms
+from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms, ticket_counters
 from kernels._online_softmax import attend_tile
 from kernels.prefill_attention import check_paged_kv, load_kv_tile, paged_prefill_attention_ref
 
@@ -209,28 +208,6 @@ def _merge_splits_kernel(
                      NUM_SPLITS, BLOCK_P, 1, 1, P_CHUNK)  # fmt: skip
 
 
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []  # replaced counters stay alive: a captured CUDA graph may still point at them
-MIN_COUNTERS = 1 << 16  # 256 KB: S * Hkv up to 65536 without growing
-
-
-def split_counters(num: int, device: torch.device) -> torch.Tensor:
-    """The zeroed int32 ticket counters of this device's current stream (at least `num`).
-
-    NOTE: kept across calls (and CUDA-graph replays): the merging program puts each one
-    back to 0. Keyed by stream so that decode calls on two streams never share one.
-    """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.numel() < num:
-        if counters is not None:
-            _OUTGROWN.append(counters)
-        counters = torch.zeros(max(num, MIN_COUNTERS), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counters
-    return counters
-
-
 def choose_num_splits(
     num_seqs: int, num_kv_heads: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM
 ) -> int:
@@ -313,7 +290,7 @@ def paged_decode_attention(
     if num_splits > 1:
         part_out = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
-        counters = split_counters(num_seqs * num_kv_heads, q.device)
+        counters = ticket_counters(num_seqs * num_kv_heads, q.device)
     else:
         part_out = part_lse = counters = out  # not read or written
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](

@@ -24,10 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float, interpreting, num_sms
+from kernels._launch import check_device, check_float, interpreting, num_sms, ticket_counters
 
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []  # replaced counters stay alive: a captured CUDA graph may still point at them
 BLOCK_V = 2048
 MAX_CHUNKS = 128
 
@@ -87,17 +85,6 @@ def _greedy_kernel(
         tl.atomic_xchg(counter_ptr + row, 0)  # ready for the next call
 
 
-def _counters(num: int, device: torch.device) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    counters = _COUNTERS.get((device, stream))
-    if counters is None or counters.numel() < num:
-        if counters is not None:
-            _OUTGROWN.append(counters)
-        counters = torch.zeros(max(num, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[(device, stream)] = counters
-    return counters
-
-
 def choose_chunks(num_rows: int, vocab: int, device: torch.device) -> int:
     """Programs per row: about two per SM over the whole batch, at most one per BLOCK_V columns."""
     if interpreting() or device.type != "cuda":
@@ -127,7 +114,7 @@ def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.T
     part_idx = torch.empty((num_rows, chunks), dtype=torch.int32, device=logits.device)
     part_bad = torch.empty((num_rows, chunks), dtype=torch.int32, device=logits.device)
     _greedy_kernel[(num_rows, chunks)](
-        logits, part_max, part_idx, part_bad, _counters(num_rows, logits.device), out,
+        logits, part_max, part_idx, part_bad, ticket_counters(num_rows, logits.device), out,
         num_rows, chunks, vocab, logits.stride(0),
         BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=8,
     )  # fmt: skip

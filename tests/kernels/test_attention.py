@@ -12,12 +12,8 @@ import math
 import pytest
 import torch
 
-from kernels.decode_attention import (
-    choose_num_splits,
-    paged_decode_attention,
-    paged_decode_attention_ref,
-    split_counters,
-)
+from kernels._launch import ticket_counters
+from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
 from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 
 ON_GPU = torch.cuda.is_available()
@@ -155,7 +151,7 @@ def test_split_merge_tickets_return_to_zero(paged_batch):
     ref = paged_decode_attention_ref(*args)
     for _ in range(2):
         torch.testing.assert_close(paged_decode_attention(*args, num_splits=5), ref, atol=1e-4, rtol=1e-4)
-        assert int(split_counters(1, batch.q.device).abs().sum()) == 0
+        assert int(ticket_counters(1, batch.q.device).abs().sum()) == 0
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA GPU")

@@ -7,6 +7,7 @@ import torch
 
 from engine import ops
 from engine.attention_metadata import AttentionMetadata
+from kernels.rope import apply_rope_ref
 
 # bf16 tiles take the interpreter's truncating fp32 -> bf16 cast; fp32 keeps the check tight
 DTYPES = [
@@ -42,36 +43,32 @@ def test_elementwise_and_norm_ops_agree(dtype, tol, device):
 
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)
-def test_rope_and_store_kv_ops_agree(dtype, tol, device):
+def test_rope_store_kv_and_store_kv_ops_agree(dtype, tol, device):
     q, k = torch.randn(6, 4, 32, device=device).to(dtype), torch.randn(6, 2, 32, device=device).to(dtype)
+    v = torch.randn(6, 2, 32, device=device).to(dtype)
     positions = torch.tensor([0, 5, 9, 2, 31, 17], device=device)
     angles = torch.arange(32, device=device)[:, None] * torch.rand(16, device=device)[None, :]
     cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
-    (q1, k1), (q2, k2) = (q.clone(), k.clone()), (q.clone(), k.clone())
-    with ops.kernel_backend("triton"):
-        ops.apply_rope(q1, k1, positions, cache)
-    with ops.kernel_backend("torch"):
-        ops.apply_rope(q2, k2, positions, cache)
-    torch.testing.assert_close(q1, q2, **tol)
-    torch.testing.assert_close(k1, k2, **tol)
-
-    pools = [torch.full((2, 3, 4, 2, 32), float("nan"), dtype=dtype, device=device) for _ in range(2)]
     slots = torch.tensor([11, -1, 0, 5, 6, -1], device=device)
-    with ops.kernel_backend("triton"):
-        ops.store_kv(k1, q1[:, :2], pools[0], slots)
-    with ops.kernel_backend("torch"):
-        ops.store_kv(k1, q1[:, :2], pools[1], slots)
-    torch.testing.assert_close(pools[0], pools[1], atol=0, rtol=0, equal_nan=True)
 
-    # fused: the same rotation and store as the two ops above, in one call
-    fused_q = [q.clone(), q.clone()]
-    fused_pools = [torch.full((2, 3, 4, 2, 32), float("nan"), dtype=dtype, device=device) for _ in range(2)]
-    for backend, q_i, pool in zip(("triton", "torch"), fused_q, fused_pools):
+    def pool():
+        return torch.full((2, 3, 4, 2, 32), float("nan"), dtype=dtype, device=device)
+
+    pools, rotated = [pool(), pool()], [q.clone(), q.clone()]
+    for backend, q_i, pool_i in zip(("triton", "torch"), rotated, pools):
         with ops.kernel_backend(backend):
-            ops.rope_store_kv(q_i, k, q[:, :2], positions, cache, pool, slots)
-    torch.testing.assert_close(fused_q[0], fused_q[1], **tol)
-    torch.testing.assert_close(fused_q[1], q2, atol=0, rtol=0)  # torch: exactly apply_rope's rotation
-    torch.testing.assert_close(fused_pools[0], fused_pools[1], equal_nan=True, **tol)
+            ops.rope_store_kv(q_i, k, v, positions, cache, pool_i, slots)
+    torch.testing.assert_close(rotated[0], rotated[1], **tol)
+    torch.testing.assert_close(pools[0], pools[1], equal_nan=True, **tol)
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rope_ref(q_ref, k_ref, positions, cache)
+    torch.testing.assert_close(rotated[1], q_ref, atol=0, rtol=0)  # torch: exactly the RoPE reference's rotation
+
+    plain = [pool(), pool()]
+    for backend, pool_i in zip(("triton", "torch"), plain):
+        with ops.kernel_backend(backend):
+            ops.store_kv(k, v, pool_i, slots)
+    torch.testing.assert_close(plain[0], plain[1], atol=0, rtol=0, equal_nan=True)
 
 
 def _metadata(batch) -> AttentionMetadata:

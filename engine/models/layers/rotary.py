@@ -18,8 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine import ops
-
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -77,10 +75,10 @@ def build_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds the [P, D] cos|sin table; forward rotates q and k in place by their positions.
+    """Holds the [P, D] cos|sin table that the model's layers share.
 
-    NOTE: the Llama-family models do not call forward: they hand (positions, cos_sin_cache)
-    to PagedAttention, which rotates inside the KV store (ops.rope_store_kv, one kernel).
+    The rotation itself happens inside the KV store: the Llama-family attention hands
+    (positions, cos_sin_cache) to PagedAttention, which calls ops.rope_store_kv (one kernel).
 
     Args:
         head_dim: D.
@@ -98,7 +96,3 @@ class RotaryEmbedding(nn.Module):
         else:
             cache = build_cos_sin_cache(head_dim, max_positions, theta, scaling).to(target)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        """positions [T]; q [T, Hq, D], k [T, Hkv, D], rotated in place."""
-        ops.apply_rope(q, k, positions, self.cos_sin_cache)
