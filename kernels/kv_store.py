@@ -8,14 +8,16 @@ when the pool's dtype differs from k's).
 Kernel: each program copies the keys and values of BLOCK_T consecutive tokens as
 one [BLOCK_T, BLOCK_H, BLOCK_D] tile per head chunk, K and V loaded before either
 is stored, so a program has 2 x BLOCK_T x BLOCK_H x BLOCK_D elements in flight.
-On an H100 (bench/results/h100/kernels.md) one token per program moved 58% / 78% of
-copy bandwidth at 4096 / 32768 tokens of a 2048-wide model; several tokens per program
-68% / 97%. The 4096-token figure is the fixed cost of any kernel this small (16.8 MB in
-8.2 us, ~2.5 us of it launch and drain): every tile shape swept moved within 1% of it.
-A token with slot -1
-writes nothing. k and v may be strided views (cut out of a fused qkv projection);
-the pool may be any [N, B, H, D] view with a contiguous head dim (kv_cache[0] and
-kv_cache[1] of the [2, N, B, H, D] pool).
+On an H100, timed the same way, one token per program moved 58% / 78% of copy bandwidth at
+4096 / 32768 tokens of a 2048-wide model and several tokens per program 65% / 89%; with the
+benchmark's later method (>= 16 calls per CUDA graph) 68% / 97% (bench/results/h100/kernels.md).
+The 4096-token figure is bound by the fixed cost of any kernel this small (16.8 MB in
+8.2 us, ~2.5 us of it launch and drain): the best of 20 swept shapes (1-16 tokens per
+program x 2-16 warps) reached 65.0%, the default 64.6%, in one run
+(bench/results/h100/kernels_sweeps_session3.md). A token with slot -1 writes nothing.
+k and v may be strided views (cut out of a fused qkv projection); the pool may be any
+[N, B, H, D] view with a contiguous head dim (kv_cache[0] and kv_cache[1] of the
+[2, N, B, H, D] pool).
 NOTE: slots are not range-checked on the device (that would need a sync); the
 engine's block manager guarantees slot < N * B.
 """
