@@ -47,7 +47,7 @@ def workload(vocab_size: int, num_seqs: int, min_len: int, max_len: int, seed: i
     return prompts, prompt_lens, output_lens
 
 
-def _engine(directory: Path, device, dry_run: bool):
+def build_engine(directory: Path, device, dry_run: bool):
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from engine.llm_engine import LLMEngine
 
@@ -66,7 +66,7 @@ def _engine(directory: Path, device, dry_run: bool):
     )
 
 
-def _run(engine, prompts: list[list[int]], output_lens: list[int]) -> float:
+def run_workload(engine, prompts: list[list[int]], output_lens: list[int]) -> float:
     from engine.sampling_params import SamplingParams
 
     start = time.perf_counter()
@@ -88,12 +88,12 @@ def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens
     from bench.roofline import ModelCosts, step_cost, step_seconds, workload_floor
     from engine.step_timer import StepTimer
 
-    engine = _engine(directory, device, dry_run)
+    engine = build_engine(directory, device, dry_run)
     warm_prompts, _, warm_outputs = workload(engine.vocab_size, 8, 16, 300, seed=1)
-    _run(engine, warm_prompts, [min(o, 16) for o in warm_outputs])  # compiles the mixed-batch kernels
+    run_workload(engine, warm_prompts, [min(o, 16) for o in warm_outputs])  # compiles the mixed-batch kernels
     engine.runner.timer = timer = StepTimer(engine.device)
     steps_before = engine.stats().num_steps
-    elapsed = _run(engine, prompts, output_lens)
+    elapsed = run_workload(engine, prompts, output_lens)
     engine.runner.timer = None
     stats = engine.stats()
     costs = ModelCosts.from_model(engine.model, engine.hf_config)

@@ -81,10 +81,10 @@ def _workloads(vocab_size: int, dry_run: bool, num_seqs: int | None = None) -> t
 
 def _warm_engine(engine) -> None:
     """The warm-up of bench/offline_throughput.py: 8 short sequences (compiles the mixed-batch kernels)."""
-    from bench.offline_throughput import _run
+    from bench.offline_throughput import run_workload
 
     warm_prompts, _, warm_outputs = workload(engine.vocab_size, 8, 16, 300, seed=1)
-    _run(engine, warm_prompts, [min(o, 16) for o in warm_outputs])
+    run_workload(engine, warm_prompts, [min(o, 16) for o in warm_outputs])
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -98,15 +98,15 @@ def _offline_child(args: argparse.Namespace) -> None:
     import torch
 
     from bench.engine_common import environment
-    from bench.offline_throughput import _engine, _run
+    from bench.offline_throughput import build_engine, run_workload
     from engine.sampling_params import SamplingParams
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     directory = Path(args.model_dir)
-    engine = _engine(directory, device, args.dry_run)
+    engine = build_engine(directory, device, args.dry_run)
     prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run, args.num_seqs)
     _warm_engine(engine)
-    elapsed = _run(engine, prompts, output_lens)
+    elapsed = run_workload(engine, prompts, output_lens)
     ttfts = []
     new_tokens = _shape(args.dry_run)[5]
     for i, prompt in enumerate(ttft_prompts):
@@ -135,13 +135,13 @@ def _worker_child(args: argparse.Namespace) -> None:
 
     import torch
 
-    from bench.offline_throughput import _engine
+    from bench.offline_throughput import build_engine
     from worker.loop import Worker
     from worker.settings import WorkerSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = torch.device("cpu" if args.dry_run else "cuda")
-    engine = _engine(Path(args.model_dir), device, args.dry_run)
+    engine = build_engine(Path(args.model_dir), device, args.dry_run)
     _warm_engine(engine)
     settings = WorkerSettings(
         redis_url=args.redis_url,
