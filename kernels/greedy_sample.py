@@ -9,8 +9,9 @@ arbitrary token id and finite 0: the engine reports it as an error, never sample
 
 Why: torch's argmax and the sum that checks finiteness are each one thread block per
 row, so at batch 1 over a 128k vocabulary they measured 28 + 13 us per decode step on
-an H100, about 3% of a 1B model's step; this kernel measured 4 us there
-(bench/results/h100/engine_decode_latency.md, largest 'other' kernels).
+an H100, about 3% of a 1B model's step (engine_decode_latency_before_greedy_kernel.md);
+this kernel measured 4 us there (engine_decode_latency.md; both in bench/results/h100,
+'largest other kernels').
 
 Kernel: grid (S, C); program (s, c) reduces its BLOCK_V-wide chunks of row s to
 (max, first argmax, non-finite count), stores them, takes a ticket from the row's

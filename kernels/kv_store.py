@@ -39,11 +39,13 @@ from kernels._launch import (
 
 
 @triton.jit
-def token_tile_slots(slot_ptr, num_tokens, BLOCK_T: tl.constexpr):
-    """(token ids [BLOCK_T] int64, their slots [BLOCK_T] int64, -1 past num_tokens) of this program's tokens."""
+def token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T: tl.constexpr):
+    """This program's BLOCK_T tokens: (token ids [BLOCK_T] int64, whether each writes into the pool
+    [BLOCK_T, 1, 1] (slot >= 0, and a real token), the offset of its pool row [BLOCK_T, 1, 1])."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
-    return t, slot
+    cache_row = (slot // block_size) * stride_cn + (slot % block_size) * stride_cb
+    return t, (slot >= 0)[:, None, None], cache_row[:, None, None]
 
 
 @triton.jit
@@ -68,9 +70,7 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    t, slot = token_tile_slots(slot_ptr, num_tokens, BLOCK_T)
-    keep = (slot >= 0)[:, None, None]
-    cache_row = ((slot // block_size) * stride_cn + (slot % block_size) * stride_cb)[:, None, None]
+    t, keep, cache_row = token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T)
     d = tl.arange(0, BLOCK_D)[None, None, :]
     for h0 in range(0, num_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]

@@ -160,7 +160,15 @@ def apply_rope(
     )  # fmt: skip
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope_cos_sin_ref(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, D/2] fp32 at positions [T]."""
+    half = cos_sin_cache.shape[-1] // 2
+    cs = cos_sin_cache[positions].float()  # [T, D]
+    return cs[:, None, :half], cs[:, None, half:]
+
+
+def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated (a new tensor of x's dtype), in fp32."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
@@ -168,8 +176,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
     """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]; rotates both in place."""
-    half = cos_sin_cache.shape[-1] // 2
-    cs = cos_sin_cache[positions].float()  # [T, D]
-    cos, sin = cs[:, None, :half], cs[:, None, half:]  # [T, 1, D/2]
-    q.copy_(_rotate(q, cos, sin))
-    k.copy_(_rotate(k, cos, sin))
+    cos, sin = rope_cos_sin_ref(positions, cos_sin_cache)
+    q.copy_(rotate_ref(q, cos, sin))
+    k.copy_(rotate_ref(k, cos, sin))

@@ -29,7 +29,15 @@ import triton.language as tl
 
 from kernels._launch import check_device
 from kernels.kv_store import check_kv_and_pool, store_kv_ref, token_tile_slots
-from kernels.rope import apply_rope_ref, check_rope_args, load_cos_sin, rope_tiles, rotate_heads_in_place, rotate_tile
+from kernels.rope import (
+    check_rope_args,
+    load_cos_sin,
+    rope_cos_sin_ref,
+    rope_tiles,
+    rotate_heads_in_place,
+    rotate_ref,
+    rotate_tile,
+)
 
 
 @triton.jit
@@ -61,12 +69,10 @@ def _rope_store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
-    t, slot = token_tile_slots(slot_ptr, num_tokens, BLOCK_T)
+    t, keep, cache_row = token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T)
     cos, sin = load_cos_sin(pos_ptr, cos_sin_ptr, t, num_tokens, stride_cos_sin, HALF, BLOCK_HALF)
     rotate_heads_in_place(q_ptr, t, num_tokens, num_q_heads, stride_qt, stride_qh, cos, sin, HALF, BLOCK_HALF, BLOCK_H)
 
-    keep = (slot >= 0)[:, None, None]
-    cache_row = ((slot // block_size) * stride_cn + (slot % block_size) * stride_cb)[:, None, None]
     d = tl.arange(0, BLOCK_HALF)[None, None, :]
     tok = t[:, None, None]
     for h0 in range(0, num_kv_heads, BLOCK_H):
@@ -131,7 +137,8 @@ def rope_store_kv_ref(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """apply_rope_ref then store_kv_ref, on a copy of k (k is left as it was, like the kernel)."""
-    k_rotated = k.clone()
-    apply_rope_ref(q, k_rotated, positions, cos_sin_cache)
-    store_kv_ref(k_rotated, v, k_cache, v_cache, slot_mapping)
+    """apply_rope_ref's rotation of q (in place) and of k (into a new tensor: k is left as it was,
+    like the kernel), then store_kv_ref."""
+    cos, sin = rope_cos_sin_ref(positions, cos_sin_cache)
+    q.copy_(rotate_ref(q, cos, sin))
+    store_kv_ref(rotate_ref(k, cos, sin), v, k_cache, v_cache, slot_mapping)
