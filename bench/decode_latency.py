@@ -38,6 +38,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
 
 
 def _engine(directory: Path, device, dry_run: bool):
+    from bench.engine_common import async_scheduling_setting
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from engine.llm_engine import LLMEngine
 
@@ -49,20 +50,26 @@ def _engine(directory: Path, device, dry_run: bool):
             cache=CacheConfig(num_kv_tokens=8192, enable_prefix_caching=False),
             scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=1024),
             device=device.type,
+            async_scheduling=async_scheduling_setting(),
         )
     )
 
 
 def _run_request(engine, prompt: list[int], new_tokens: int) -> list[float]:
-    """Runs one greedy request to the end; returns the wall-clock end time of every step."""
+    """Runs one greedy request to the end; returns the wall-clock time each token reached the caller.
+
+    NOTE: with async scheduling a token comes back from the `step()` call after the one that
+    launched its step, so the times are taken per token returned, not per call.
+    """
     from engine.sampling_params import SamplingParams
 
     engine.add_request("bench", prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
-    ends = []
+    arrivals = []
     while engine.has_unfinished_requests():
-        engine.step()
-        ends.append(time.perf_counter())
-    return ends
+        outputs = engine.step()
+        now = time.perf_counter()
+        arrivals += [now for out in outputs for _ in out.new_token_ids]
+    return arrivals
 
 
 def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) -> dict:
@@ -75,7 +82,7 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) ->
     _run_request(engine, prompt, 16)  # warm-up of this mode
     start = time.perf_counter()
     ends = _run_request(engine, prompt, new_tokens)  # timed without the step timer's events
-    step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
+    step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
     runner.timer = StepTimer(engine.device)
     _run_request(engine, prompt, min(new_tokens, 128))  # per-step host / GPU split
     decode, runner.timer = runner.timer.records[1:], None  # the first step is the prefill
@@ -94,6 +101,7 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) ->
 
 def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
     """GPU time of a few eager decode steps by kernel kind (torch.profiler), in us per step."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from engine.sampling_params import SamplingParams
@@ -102,6 +110,7 @@ def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
         engine.runner.graphs.enabled = False
     engine.add_request("profile", prompt, SamplingParams(temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
     engine.step()  # prefill, outside the profile
+    torch.cuda.synchronize()  # async scheduling: the prefill may still be running
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         while engine.has_unfinished_requests():
             engine.step()

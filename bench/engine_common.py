@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import os
 import platform
 import tempfile
 from pathlib import Path
@@ -20,6 +21,20 @@ from pathlib import Path
 import torch
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def async_scheduling_setting() -> bool | None:
+    """The engines' async scheduling, from INFERQ_ASYNC_SCHEDULING (the worker's setting of the
+    same name): unset means the engine's default (on for CUDA); "false" gives the synchronous
+    baseline in the same device call."""
+    value = os.environ.get("INFERQ_ASYNC_SCHEDULING", "").strip().lower()
+    if value in ("", "auto", "none"):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"INFERQ_ASYNC_SCHEDULING must be true or false, got {value!r}")
 
 
 def environment(device: torch.device) -> dict:
@@ -33,6 +48,7 @@ def environment(device: torch.device) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "device": str(device),
+        "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -48,6 +48,7 @@ def workload(vocab_size: int, num_seqs: int, min_len: int, max_len: int, seed: i
 
 
 def build_engine(directory: Path, device, dry_run: bool):
+    from bench.engine_common import async_scheduling_setting
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from engine.llm_engine import LLMEngine
 
@@ -62,6 +63,7 @@ def build_engine(directory: Path, device, dry_run: bool):
             cache=CacheConfig(num_kv_tokens=8192 if dry_run else None, gpu_memory_utilization=0.9),
             scheduler=SchedulerConfig(max_num_seqs=NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
             device=device.type,
+            async_scheduling=async_scheduling_setting(),
         )
     )
 

@@ -19,7 +19,9 @@
 #   BASELINE_TREE=build/baseline: also run each benchmark from that tree (an earlier commit,
 #   `git archive REV engine kernels bench | tar -x -C build/baseline`; carry build), without
 #   the transformers peer, into $OUT/baseline: a same-machine A/B, since host speed differs
-#   10-20% between machines of one kind.
+#   10-20% between machines of one kind. BASELINE_ENV="NAME=value ..." sets variables for the
+#   baseline runs only; BASELINE_TREE=. BASELINE_ENV=INFERQ_ASYNC_SCHEDULING=false measures this
+#   tree with synchronous steps.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
@@ -51,7 +53,8 @@ baseline() {  # baseline MODULE: the benchmark from BASELINE_TREE, into $OUT/bas
     mkdir -p "$OUT/baseline"
     local out_abs
     out_abs="$(cd "$OUT/baseline" && pwd)"
-    (cd "$BASELINE_TREE" && PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${BASELINE_TIMEOUT_S:-150}" \
+    # shellcheck disable=SC2086  # BASELINE_ENV is a list of NAME=value words
+    (cd "$BASELINE_TREE" && env ${BASELINE_ENV:-} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${BASELINE_TIMEOUT_S:-150}" \
         "$PYTHON" -m "$1" --skip-hf ${BASELINE_ARGS:-} --out "$out_abs") 2>&1 | tee -a "$LOG"
 }
 

@@ -102,6 +102,12 @@ class EngineConfig:
             "torch" forces the references; "triton" forces the kernels (CPU only under
             TRITON_INTERPRET=1, for tests).
         enforce_eager: disable CUDA graphs.
+        async_scheduling: schedule and launch step k+1 before reading step k's tokens, so the
+            host's work (scheduling, staging, detokenizing) overlaps the device's; None turns
+            it on for CUDA only (on CPU the forward pass runs on the host, nothing overlaps, and
+            each token would reach the caller one step later). Steps of requests whose sampling
+            reads earlier tokens on the host (repetition, presence or frequency penalties) run
+            synchronously either way.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -110,6 +116,7 @@ class EngineConfig:
     device: str = "auto"
     kernels: str = "auto"
     enforce_eager: bool = False
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in ("auto", "torch", "triton"):

@@ -9,7 +9,8 @@ Two packed buffers, host staging (pinned on CUDA) and device mirror, same offset
 field starting at a multiple of a = align(T) or b = align(S + 1) elements (align rounds up to
 16, so every pointer a kernel gets is 16-byte aligned and Triton compiles one variant):
 
-    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a]
+    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a
+          | pad | pending destinations P at 3a + r | pending sources P after them]
     i32: [seq_lens S | pad | query_start_loc S+1 at b | pad | block-table rows S x M at 2b]
 
 The offsets depend only on (T, S), so a CUDA graph captured for a decode batch of S = T = b
@@ -21,6 +22,11 @@ strided copy), and only when a row changed.
 
 Host-side, the block table is kept per row and updated incrementally: a row that holds the
 same request as last step only appends its new blocks.
+
+Pending tokens (async scheduling): a request's newest token may have been sampled by the
+step launched just before this one without the host having read it. Its input id is staged
+as 0 and, after the copies, one gather on the device writes it from that step's sampled
+tokens (`pending`): P = such tokens, their indices in input_ids and their rows there.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import numpy as np
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.launched_step import SampledTokens
+from engine.request import Request
 from engine.scheduler import ScheduledRequest
 
 
@@ -82,7 +90,7 @@ class InputBatch:
         self.block_size = block_size
         self.device = device
         pin = device.type == "cuda"
-        n64 = 3 * _align(max_num_tokens) + max_num_seqs
+        n64 = 3 * _align(max_num_tokens) + 3 * _align(max_num_seqs)
         n32 = 2 * _align(max_num_seqs + 1) + max_num_seqs * max_blocks_per_seq
         self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=pin)
         self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=pin)
@@ -136,7 +144,13 @@ class InputBatch:
         self._row_blocks = [None] * self.max_num_seqs
 
     # ---- one step ---------------------------------------------------------------
-    def prepare(self, scheduled: list[ScheduledRequest], num_tokens: int, pad_to: int | None = None) -> StepInputs:
+    def prepare(
+        self,
+        scheduled: list[ScheduledRequest],
+        num_tokens: int,
+        pad_to: int | None = None,
+        pending: SampledTokens | None = None,
+    ) -> StepInputs:
         """Stages the step's batch and starts its copies to the device.
 
         Args:
@@ -145,6 +159,8 @@ class InputBatch:
             pad_to: for a decode step (one token per item) replayed by a graph: the bucket
                 size; rows past the real ones get token 0, position 0, slot -1 (no KV write)
                 and seq_len 0 (no KV read).
+            pending: the tokens of the step launched before this one, on the device: where a
+                request's token that the host has not read yet is found.
         """
         self._wait_for_last_copy()
         num_seqs = len(scheduled)
@@ -156,22 +172,31 @@ class InputBatch:
         t = padded if decode else num_tokens
         a, sa = _align(t), _align(padded + 1)
         width_used, tables_changed = self._update_tables(scheduled)
+        waiting: list[tuple[int, Request]] = []  # (input index, request) of pending tokens
         if decode:
-            seq_lens, query_lens = self._fill_decode(scheduled, padded)
+            seq_lens, query_lens = self._fill_decode(scheduled, padded, waiting)
             sampling = [i for i, item in enumerate(scheduled) if item.samples]
             rows = sampling  # one token per row: token index == item index
         else:
-            seq_lens, query_lens, rows, sampling = self._fill_mixed(scheduled, num_tokens)
+            seq_lens, query_lens, rows, sampling = self._fill_mixed(scheduled, num_tokens, waiting)
         identity_rows = decode and len(rows) == num_seqs
         num_rows = 0 if identity_rows else len(rows)
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
+        n64 = 3 * a + num_rows
+        if waiting:
+            n64 = self._stage_pending(waiting, pending, 3 * a + _align(num_rows))
         bt_offset = 2 * sa
         n32 = bt_offset
         if tables_changed:
             staging = self._np32[bt_offset : bt_offset + num_seqs * width_used].reshape(num_seqs, width_used)
             staging[...] = self._host_tables[:num_seqs, :width_used]
             n32 += num_seqs * width_used
-        self._copy(3 * a + num_rows, n32)
+        self._copy(n64, n32)
+        if waiting:
+            p = len(waiting)
+            dst, src = self._dev64[n64 - 2 * p : n64 - p], self._dev64[n64 - p : n64]
+            # into input_ids [T] (a view that does not overlap the indices it is given)
+            self._dev64[:t].index_copy_(0, dst, pending.token_ids.index_select(0, src))
         if tables_changed:
             src = self._dev32[bt_offset : bt_offset + num_seqs * width_used].view(num_seqs, width_used)
             self.block_tables[:num_seqs, :width_used].copy_(src)
@@ -214,15 +239,41 @@ class InputBatch:
             changed = True
         return width_used, changed
 
-    def _fill_decode(self, scheduled: list[ScheduledRequest], padded: int) -> tuple[list[int], list[int]]:
+    def _stage_pending(self, waiting: list[tuple[int, Request]], pending: SampledTokens | None, offset: int) -> int:
+        """Stages the pending tokens' input indices and their rows in `pending` at `offset`;
+        returns the end of the staged int64 data."""
+        if pending is None:
+            raise RuntimeError("a request's newest token is pending but no launched step holds it")
+        row_of = pending.row_of
+        try:
+            sources = [row_of[request] for _, request in waiting]
+        except KeyError as exc:
+            missing = exc.args[0].request_id
+            raise RuntimeError(f"request {missing} has a pending token the last step did not sample") from exc
+        p = len(waiting)
+        self._np64[offset : offset + p] = [index for index, _ in waiting]
+        self._np64[offset + p : offset + 2 * p] = sources
+        return offset + 2 * p
+
+    def _fill_decode(
+        self, scheduled: list[ScheduledRequest], padded: int, waiting: list[tuple[int, Request]]
+    ) -> tuple[list[int], list[int]]:
         """One token per item: ids, positions, slots, seq_lens, query_start_loc, padded to `padded`
-        rows; returns (seq_lens, query_lens)."""
+        rows; returns (seq_lens, query_lens) and appends pending tokens to `waiting`."""
         bs = self.block_size
         positions = [item.num_computed_tokens for item in scheduled]
         n = len(positions)
         a, sa = _align(padded), _align(padded + 1)
         np64, np32 = self._np64, self._np32
-        np64[:n] = [item.request.all_token_ids[p] for item, p in zip(scheduled, positions)]
+        ids = []
+        for i, (item, p) in enumerate(zip(scheduled, positions)):
+            tokens = item.request.all_token_ids
+            if p < len(tokens):
+                ids.append(tokens[p])
+            else:
+                ids.append(0)
+                waiting.append((i, item.request))
+        np64[:n] = ids
         np64[a : a + n] = positions
         np64[2 * a : 2 * a + n] = [item.block_ids[p // bs] * bs + p % bs for item, p in zip(scheduled, positions)]
         seq_lens = [p + 1 for p in positions]
@@ -236,9 +287,10 @@ class InputBatch:
         return seq_lens, [1] * n
 
     def _fill_mixed(
-        self, scheduled: list[ScheduledRequest], num_tokens: int
+        self, scheduled: list[ScheduledRequest], num_tokens: int, waiting: list[tuple[int, Request]]
     ) -> tuple[list[int], list[int], list[int], list[int]]:
-        """Any mix of prefill chunks and decodes; returns (seq_lens, query_lens, logits rows, sampling items)."""
+        """Any mix of prefill chunks and decodes; returns (seq_lens, query_lens, logits rows, sampling
+        items) and appends pending tokens to `waiting`."""
         bs = self.block_size
         np64, np32 = self._np64, self._np32
         num_seqs = len(scheduled)
@@ -248,7 +300,13 @@ class InputBatch:
         for i, item in enumerate(scheduled):
             start, n = item.num_computed_tokens, item.num_new_tokens
             end = start + n
-            np64[t : t + n] = item.request.all_token_ids[start:end]
+            tokens = item.request.all_token_ids
+            if end <= len(tokens):
+                np64[t : t + n] = tokens[start:end]
+            else:  # only the newest token can be pending
+                np64[t : t + n - 1] = tokens[start : end - 1]
+                np64[t + n - 1] = 0
+                waiting.append((t + n - 1, item.request))
             pos = self._arange[start:end]
             np64[a + t : a + t + n] = pos
             np64[2 * a + t : 2 * a + t + n] = self._host_tables[i, pos // bs] * bs + pos % bs

@@ -33,7 +33,7 @@ class LLM:
         cache_dir: where converted checkpoints are kept.
         **kwargs: shortcuts: dtype, max_model_len, load_format, device, kernels,
             block_size, num_kv_tokens, gpu_memory_utilization, max_num_seqs,
-            max_num_batched_tokens, enable_prefix_caching, enforce_eager, policy.
+            max_num_batched_tokens, enable_prefix_caching, enforce_eager, async_scheduling, policy.
     """
 
     def __init__(
@@ -100,7 +100,7 @@ def _config_from_kwargs(model: str, kw: dict) -> EngineConfig:
         model=ModelConfig(model=model, **take(("dtype", "max_model_len", "load_format", "seed", "revision"))),
         cache=CacheConfig(**take(("block_size", "num_kv_tokens", "gpu_memory_utilization", "enable_prefix_caching"))),
         scheduler=SchedulerConfig(**take(("max_num_seqs", "max_num_batched_tokens", "policy"))),
-        **take(("device", "kernels", "enforce_eager")),
+        **take(("device", "kernels", "enforce_eager", "async_scheduling")),
     )
     if kw:
         raise TypeError(f"unknown LLM arguments: {sorted(kw)}")

@@ -1,5 +1,7 @@
 """LLMEngine: requests in, one scheduler decision + one forward + one sampling per
-`step()`, text deltas out. Synchronous; the worker and the offline `LLM` drive it.
+`step()`, text deltas out. Single-threaded; the worker and the offline `LLM` drive it. With
+async scheduling a step's tokens are read during the next `step()` call, after that call
+has launched its own work (the host's Python overlaps the device's step).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from engine import ops
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_outputs import OutputProcessing
+from engine.launched_step import LaunchedStep
 from engine.model_loader import load_model
-from engine.model_runner import ModelRunner, ModelRunnerOutput
+from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput, StepRecord
 from engine.request import FinishReason, Request
 from engine.sampling_params import MAX_SEED, SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.tokenizer import (
     apply_chat_template,
     eos_token_ids,
@@ -51,7 +55,7 @@ def child_seed(seed: int, index: int) -> int:
     return seed if index == 0 else (seed + index * _GOLDEN) % (MAX_SEED + 1)
 
 
-class LLMEngine:
+class LLMEngine(OutputProcessing):
     """The engine: one model on one device, continuously batched.
 
     Args:
@@ -96,6 +100,13 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}  # internal id -> request
         self._children: dict[str, list[str]] = {}  # caller's id -> internal ids
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.async_scheduling = (
+            config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
+        )
+        self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None  # launched, tokens not read
+        # Requests whose sampling reads their earlier tokens on the host (penalties): while any
+        # runs, steps are synchronous.
+        self._sync_request_ids: set[str] = set()
         self.last_step = StepRecord()
         self._num_steps = 0
         self._num_generated = 0
@@ -158,14 +169,23 @@ class LLMEngine:
                 num_prior_output_tokens=len(prior),
                 parent_id=request_id if params.n > 1 else None,
                 choice_index=index,
+                max_num_tokens=self._max_num_tokens(len(prompt_token_ids) + len(prior), len(prior), params),
             )
             self.requests[internal_id] = request
+            if _reads_history(params):
+                self._sync_request_ids.add(internal_id)
             self._detokenizers[internal_id] = IncrementalDetokenizer(
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
             self.scheduler.add_request(request)
             ids.append(internal_id)
         self._children[request_id] = ids
+
+    def _max_num_tokens(self, num_tokens: int, num_prior: int, params: SamplingParams) -> int:
+        """Tokens the request may hold in all: the limit the scheduler keeps pending tokens under."""
+        if params.max_tokens is None:
+            return self.max_model_len
+        return min(self.max_model_len, num_tokens + params.max_tokens - num_prior)
 
     def _validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         n = len(prompt_token_ids)
@@ -207,36 +227,79 @@ class LLMEngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while any request runs or waits, or a launched step's tokens are still unread for a
+        request that has not finished (an aborted request's last step needs no reading)."""
+        if self.scheduler.has_unfinished():
+            return True
+        return self._in_flight is not None and any(not s.request.is_finished for s in self._in_flight[0].scheduled)
 
     # ---- the step ---------------------------------------------------------------
     def step(self, during_forward: Callable[[], None] | None = None) -> list[RequestOutput]:
-        """One scheduling decision through the model; returns this step's outputs.
+        """One scheduling decision through the model; returns the outputs that became known.
+
+        With async scheduling (see EngineConfig) that is the step launched by the previous call:
+        this call schedules and launches its own step first, then reads the previous one's
+        tokens while the device runs the new one. A request that finished in the previous step
+        (EOS, a stop string) may already be in the new step: its extra token is dropped. The
+        last call, with nothing left to schedule, only reads.
 
         during_forward: called once the step's GPU work is launched and before the host waits for
-            it, so that a caller's own I/O (the worker's Redis reads) overlaps the forward pass.
-            It must not touch this engine (the step is half done); on CPU it runs after the forward.
+            the previous step's tokens, so that a caller's own I/O (the worker's Redis reads)
+            overlaps the forward pass. It must not touch this engine (the step is half done); on
+            CPU it runs after the forward.
         """
         started = time.monotonic()
+        outputs: list[RequestOutput] = []
+        overlap = self.async_scheduling and not self._sync_request_ids
+        if not overlap:
+            outputs += self._collect()
         sched = self.scheduler.schedule()
         self._num_steps += 1
         self._record(sched)
         if sched.is_empty:
-            return []
+            outputs += self._collect()
+            self.last_step.duration_s = time.monotonic() - started
+            return outputs
         try:
-            result = self.runner.execute(sched, during_forward)
+            launched = self.runner.launch(sched)
         except Exception as exc:  # a failing forward fails its step's requests, never the engine
             logger.exception("step %d failed", self._num_steps)
-            return self._fail_step(sched, f"{type(exc).__name__}: {exc}")
+            outputs += self._collect()
+            return outputs + self._fail(sched.scheduled, f"{type(exc).__name__}: {exc}")
         for item in sched.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
             if item.num_computed_tokens < request.num_prompt_tokens:
                 self._num_prompt_computed += item.num_new_tokens
-        outputs = self._process(result)
+        for request in launched.requests:
+            request.num_pending_tokens += 1
+        if during_forward is not None:
+            during_forward()
+        outputs += self._collect()
+        self._in_flight = (sched, launched)
+        if not overlap:
+            outputs += self._collect()
         self.last_step.duration_s = time.monotonic() - started
         return outputs
+
+    def _collect(self) -> list[RequestOutput]:
+        """Reads the step in flight (waiting for its tokens) and turns them into outputs."""
+        if self._in_flight is None:
+            return []
+        sched, launched = self._in_flight
+        self._in_flight = None
+        try:
+            result = launched.result()
+        except Exception as exc:
+            logger.exception("reading step %d's tokens failed", self._num_steps)
+            for request in launched.requests:
+                request.num_pending_tokens -= 1
+            return self._fail(sched.scheduled, f"{type(exc).__name__}: {exc}")
+        for item in sched.scheduled:
+            # Blocks that this step filled get their prefix hash now that their tokens are known.
+            if not item.request.is_finished:
+                self.block_manager.cache_full_blocks(item.request, item.num_computed_tokens + item.num_new_tokens)
+        return self._process(result)
 
     def _record(self, sched: SchedulerOutput) -> None:
         prefill = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
@@ -249,91 +312,17 @@ class LLMEngine:
             num_decode_tokens=sched.num_scheduled_tokens - prefill,
         )
 
-    def _fail_step(self, sched: SchedulerOutput, message: str) -> list[RequestOutput]:
+    def _fail(self, items: list[ScheduledRequest], message: str) -> list[RequestOutput]:
         outputs = []
-        for item in sched.scheduled:
+        for item in items:
             request = item.request
+            if request.is_finished:
+                continue
             self.scheduler.finish_request(request, FinishReason.ERROR, message)
             outputs.append(self._finished_output(request, [], "", None))
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return outputs
-
-    def _process(self, result: ModelRunnerOutput) -> list[RequestOutput]:
-        outputs = []
-        for request, token, logprob, error in zip(
-            result.requests, result.token_ids, result.logprobs, result.errors, strict=True
-        ):
-            if error is not None:
-                self.scheduler.finish_request(request, FinishReason.ERROR, error)
-                outputs.append(self._finished_output(request, [], "", None))
-                continue
-            self._num_generated += 1
-            request.append_token(token)
-            if logprob is not None:
-                request.output_logprobs.append(logprob)
-            reason = self._stop_by_token(request, token)
-            detok = self._detokenizers[request.request_id]
-            text = detok.add_tokens([token]) if reason is not FinishReason.STOP else ""
-            if detok.stopped:
-                reason = FinishReason.STOP
-            elif reason is None:
-                reason = self._stop_by_length(request)
-            new_logprobs = [logprob] if logprob is not None else None
-            if reason is None:
-                outputs.append(self._output(request, [token], text, new_logprobs, False))
-                continue
-            if not detok.stopped:
-                text += detok.flush()
-            self.scheduler.finish_request(request, reason)
-            outputs.append(self._finished_output(request, [token], text, new_logprobs))
-        return outputs
-
-    def _stop_by_token(self, request: Request, token: int) -> FinishReason | None:
-        params = request.sampling_params
-        if request.num_output_tokens <= params.min_tokens:
-            return None
-        if token in params.stop_token_ids or (not params.ignore_eos and token in request.eos_token_ids):
-            return FinishReason.STOP
-        return None
-
-    def _stop_by_length(self, request: Request) -> FinishReason | None:
-        max_tokens = request.sampling_params.max_tokens
-        if max_tokens is not None and request.num_output_tokens >= max_tokens:
-            return FinishReason.LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
-
-    # ---- outputs ------------------------------------------------------------------
-    def _output(
-        self, request: Request, tokens: list[int], text: str, logprobs: list | None, finished: bool
-    ) -> RequestOutput:
-        return RequestOutput(
-            request_id=request.parent_id or request.request_id,
-            index=request.choice_index,
-            new_token_ids=tokens,
-            new_text=text,
-            new_logprobs=logprobs,
-            finished=finished,
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            num_prompt_tokens=request.num_prompt_tokens - request.num_prior_output_tokens,
-            num_output_tokens=request.num_output_tokens,
-            error=request.error,
-        )
-
-    def _finished_output(self, request: Request, tokens: list[int], text: str, logprobs: list | None) -> RequestOutput:
-        out = self._output(request, tokens, text, logprobs, True)
-        self._forget(request)
-        return out
-
-    def _forget(self, request: Request) -> None:
-        self.requests.pop(request.request_id, None)
-        self._detokenizers.pop(request.request_id, None)
-        parent = request.parent_id or request.request_id
-        siblings = self._children.get(parent, [])
-        if all(sid not in self.requests for sid in siblings):
-            self._children.pop(parent, None)
 
     # ---- counters ------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -351,3 +340,9 @@ class LLMEngine:
             num_prompt_tokens_computed=self._num_prompt_computed,
             num_steps=self._num_steps,
         )
+
+
+def _reads_history(params: SamplingParams) -> bool:
+    """Sampling that reads the request's earlier tokens on the host: it needs the previous
+    step's tokens before it runs, so steps with such a request are not overlapped."""
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)

@@ -6,15 +6,16 @@ Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
 
 Per step the host does: one pass over the scheduled items into numpy views of pinned
 buffers (engine/input_batch.py), two non-blocking copies, one graph replay or eager
-forward, the LM head and sampling launches, and ONE device sync (the sampled tokens'
-`.tolist()`) for plain greedy batches.
+forward, the LM head and sampling launches, a non-blocking copy of the sampled tokens to a
+pinned buffer, and ONE device sync (reading them, in `LaunchedStep.result()`) for plain
+greedy batches. `launch` returns before that sync, so the engine can stage and launch the
+next step while the device still runs this one (async scheduling, engine/llm_engine.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -29,22 +30,13 @@ from engine.kv_cache import (
     num_blocks_for_tokens,
     num_blocks_from_free_memory,
 )
-from engine.request import Logprob, Request
+from engine.launched_step import LaunchedStep, ModelRunnerOutput, SampledTokens, timer_hook
+from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from engine.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelRunnerOutput:
-    """Per sampling request (in scheduling order): its new token, logprob and error."""
-
-    requests: list[Request]
-    token_ids: list[int]
-    logprobs: list[Logprob | None]
-    errors: list[str | None]
 
 
 class ModelRunner:
@@ -96,6 +88,12 @@ class ModelRunner:
         self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device)
         self.graphs: DecodeGraphs | None = None
         self.timer: StepTimer | None = None  # benchmarks set one to time each step
+        self._last_sampled: SampledTokens | None = None  # the last launched step's tokens, on the device
+        # Two pinned buffers for sampled tokens ([2, S] packed), alternating between the two steps in flight.
+        pin = device.type == "cuda"
+        self._host_samples = torch.zeros((2, 2 * max_num_seqs), dtype=torch.int64, pin_memory=True) if pin else None
+        self._samples_ready = [torch.cuda.Event(), torch.cuda.Event()] if pin else []
+        self._next_slot = 0
         if cuda_graphs and device.type == "cuda":
             self.enable_decode_graphs(capture=True)
 
@@ -160,69 +158,95 @@ class ModelRunner:
         return meta, tensor(positions, torch.int64)
 
     # ---- one step -------------------------------------------------------
-    def execute(self, sched: SchedulerOutput, during_forward: Callable[[], None] | None = None) -> ModelRunnerOutput:
-        """Runs the step's forward pass and samples for requests that reach their end.
-        during_forward (see LLMEngine.step) runs after the launches, before the step's one sync."""
+    def launch(self, sched: SchedulerOutput) -> LaunchedStep:
+        """Stages the step, queues its forward pass and sampling on the device and returns without
+        waiting for them; `LaunchedStep.result()` reads the tokens.
+
+        NOTE: a decode row whose token the host has not read yet (async scheduling: sampled by
+        the step launched just before this one) takes it from that step's device tensor. The
+        caller reads each step's result before launching the step after the next one (two
+        steps in flight at most: the host buffers the tokens arrive in alternate).
+        """
         try:
-            return self._execute(sched, during_forward)
+            return self._launch(sched)
         except BaseException:
             self.inputs.invalidate_tables()  # the device's block table may not hold what the host recorded
             raise
 
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """launch + result: one synchronous step."""
+        return self.launch(sched).result()
+
     @torch.inference_mode()
-    def _execute(self, sched: SchedulerOutput, during_forward: Callable[[], None] | None) -> ModelRunnerOutput:
-        timer = self.timer
-        if timer is not None:
-            timer.begin()
+    def _launch(self, sched: SchedulerOutput) -> LaunchedStep:
+        clock = self.timer.begin() if self.timer is not None else None
         items = sched.scheduled
         num_tokens = sched.num_scheduled_tokens
         bucket = None
         if self.graphs is not None and num_tokens == len(items):
             bucket = self.graphs.bucket_for(len(items))
-        step = self.inputs.prepare(items, num_tokens, pad_to=bucket)
-        if timer is not None:
-            timer.launching()
+        step = self.inputs.prepare(items, num_tokens, pad_to=bucket, pending=self._last_sampled)
+        if clock is not None:
+            clock.launching()
         if bucket is not None:
             hidden = self.graphs.run(bucket)  # [bucket, H], rows past num_seqs are padding
         else:
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)  # [T, H]
         requests = [items[i].request for i in step.sampling]
+        on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         if not requests:
-            self._launched(during_forward)
-            if timer is not None:
-                timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
-            return ModelRunnerOutput([], [], [], [])
+            self._last_sampled = None
+            if clock is not None:
+                clock.launched()
+            return LaunchedStep([], _nothing_sampled, None, on_done)
         rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
         logits = self.model.compute_logits(rows)  # [S, V] float32
         if all(map(_is_plain_greedy, requests)):
-            token_ids, errors = self._sample_greedy(logits, requests, during_forward)
-            logprobs: list[Logprob | None] = [None] * len(requests)
+            token_ids, read = self._sample_greedy(logits, requests)
         else:
-            self._launched(during_forward)
-            out = self.sampler(logits, requests)
-            token_ids, logprobs, errors = out.token_ids, out.logprobs, out.errors
-        if timer is not None:
-            timer.end(len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
-        return ModelRunnerOutput(requests, token_ids, logprobs, errors)
-
-    def _launched(self, during_forward: Callable[[], None] | None) -> None:
-        """Everything of the step is launched and the host is about to wait: mark it for the timer
-        (the caller's overlapped work counts as waiting, not runner host time), then run the caller's work."""
-        if self.timer is not None:
-            self.timer.before_wait()
-        if during_forward is not None:
-            during_forward()
+            out = self.sampler(logits, requests)  # NOTE: syncs (host-side logprobs and penalties)
+            token_ids = torch.tensor(out.token_ids, dtype=torch.int64, device=self.device)
+            read = lambda: ModelRunnerOutput(requests, out.token_ids, out.logprobs, out.errors)  # noqa: E731
+        self._last_sampled = SampledTokens(token_ids, {r: i for i, r in enumerate(requests)})
+        if clock is not None:
+            clock.launched()
+        return LaunchedStep(requests, read, self._last_sampled, on_done)
 
     def _sample_greedy(
-        self, logits: torch.Tensor, requests: list[Request], during_forward: Callable[[], None] | None
-    ) -> tuple[list[int], list[str | None]]:
-        """The Sampler's result for plain greedy rows, with one host sync instead of three
-        (argmax and the finiteness check in one kernel on CUDA: ops.greedy_sample)."""
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[torch.Tensor, Callable[[], ModelRunnerOutput]]:
+        """The Sampler's result for plain greedy rows without a host sync at launch (argmax and the
+        finiteness check in one kernel on CUDA: ops.greedy_sample); the tokens travel to a pinned
+        host buffer by a non-blocking copy, and reading them is the step's one sync."""
         packed = ops.greedy_sample(logits)  # [2, S]: token ids, all-finite flags
-        self._launched(during_forward)
-        tokens, ok = packed.tolist()  # the step's one sync
-        errors = [None if good else f"non-finite logits at position {r.num_tokens}" for r, good in zip(requests, ok)]
-        return tokens, errors
+        num_rows = len(requests)
+        if self._host_samples is None:
+            host, ready = packed, None  # CPU: already on the host
+        else:
+            slot = self._next_slot
+            self._next_slot ^= 1
+            host = self._host_samples[slot, : 2 * num_rows].view(2, num_rows)
+            host.copy_(packed, non_blocking=True)
+            ready = self._samples_ready[slot]
+            ready.record()
+
+        def read() -> ModelRunnerOutput:
+            if ready is not None:
+                ready.synchronize()
+            tokens, ok = host.tolist()
+            # The host has not appended these tokens yet: each one's position is the request's length.
+            errors = [None if good else _non_finite(r) for r, good in zip(requests, ok)]
+            return ModelRunnerOutput(requests, tokens, [None] * num_rows, errors)
+
+        return packed[0], read
+
+
+def _non_finite(request: Request) -> str:
+    return f"non-finite logits at position {request.num_tokens}"
+
+
+def _nothing_sampled() -> ModelRunnerOutput:
+    return ModelRunnerOutput([], [], [], [])
 
 
 def _is_plain_greedy(request: Request) -> bool:
@@ -235,5 +259,5 @@ def _is_plain_greedy(request: Request) -> bool:
         and not p.presence_penalty
         and not p.frequency_penalty
         and not p.logit_bias
-        and request.num_output_tokens >= p.min_tokens
+        and request.num_output_tokens + request.num_pending_tokens >= p.min_tokens
     )

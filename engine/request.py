@@ -1,8 +1,12 @@
 """One request's state inside the engine. Pure Python.
 
-The scheduler only ever looks at `num_computed_tokens` against `num_tokens`:
-a request needs `num_tokens - num_computed_tokens` more tokens through the model
-(its whole prompt at first, then one per step, or more after a preemption).
+The scheduler only ever looks at `num_computed_tokens` against the tokens the request
+holds: a request needs `num_tokens + num_pending_tokens - num_computed_tokens` more tokens
+through the model (its whole prompt at first, then one per step, or more after a preemption).
+
+A pending token is one a launched step samples but whose value the host has not read yet
+(async scheduling: the engine schedules and launches step k+1 before it reads step k's
+tokens; step k+1 takes that token's id from the device). At most one token is pending.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     first_scheduled_time: float | None = None
+    num_pending_tokens: int = 0  # sampled by a launched step, value not read yet (0 or 1)
+    max_num_tokens: int | None = None  # prompt + every output token allowed (max_tokens, max_model_len)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -99,8 +105,19 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     @property
+    def num_tokens_with_pending(self) -> int:
+        """The tokens the request holds once its pending token is read: the next sampled
+        token's position."""
+        return len(self.all_token_ids) + self.num_pending_tokens
+
+    @property
     def num_new_tokens_needed(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        """0 once the pending token is the last one the request may have: scheduling it again
+        would compute a token past max_tokens or the model's context."""
+        total = len(self.all_token_ids) + self.num_pending_tokens
+        if self.num_pending_tokens and self.max_num_tokens is not None and total >= self.max_num_tokens:
+            return 0
+        return total - self.num_computed_tokens
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

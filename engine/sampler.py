@@ -61,7 +61,9 @@ class Sampler:
         """
         Args:
             logits: [S, V] float32, one row per request that samples this step (in order).
-            requests: the S requests; each samples the token at position `request.num_tokens`.
+            requests: the S requests; each samples the token at position
+                `request.num_tokens_with_pending` (async scheduling: the previous step's token
+                may be sampled but not yet read).
         """
         device = logits.device
         num_rows, vocab = logits.shape
@@ -94,7 +96,7 @@ class Sampler:
                     top = dict(zip(indices.tolist(), values.tolist(), strict=True))
                 logprob_list[row] = Logprob(token_list[row], chosen, top)
         errors = [
-            f"non-finite logits at position {r.num_tokens}" if is_bad else None
+            f"non-finite logits at position {r.num_tokens_with_pending}" if is_bad else None
             for r, is_bad in zip(requests, bad_list, strict=True)
         ]
         return SamplerOutput(token_list, logprob_list, errors)
@@ -126,7 +128,7 @@ class Sampler:
                 for token, bias in p.logit_bias.items():
                     if 0 <= int(token) < vocab:
                         logits[row, int(token)] += bias
-            if request.num_output_tokens < p.min_tokens:
+            if request.num_output_tokens + request.num_pending_tokens < p.min_tokens:
                 stop_ids = [t for t in (*request.eos_token_ids, *p.stop_token_ids) if 0 <= t < vocab]
                 if stop_ids:
                     logits[row, stop_ids] = float("-inf")
@@ -143,7 +145,7 @@ class Sampler:
             logits = _filter_top_k_top_p_min_p(logits, top_k, top_p, min_p)
         probs = torch.softmax(logits, dim=-1)
         seeds = torch.tensor([r.seed for r in requests], device=device, dtype=torch.int64)
-        positions = torch.tensor([r.num_tokens for r in requests], device=device, dtype=torch.int64)
+        positions = torch.tensor([r.num_tokens_with_pending for r in requests], device=device, dtype=torch.int64)
         noise = -torch.log(seeded_uniform(seeds, positions, logits.shape[-1]))  # [S, V] exponential
         return (probs / noise).argmax(dim=-1)
 

@@ -143,6 +143,9 @@ class Scheduler:
             if self._waits_for_sibling(request):
                 skipped.append(self.waiting.popleft())
                 continue
+            # NOTE: a waiting request has no pending token: one preempted with a token pending is
+            # never admitted in the same step (no admission after a preemption), and the engine
+            # reads every pending token before it schedules the step after.
             computed = self.block_manager.get_computed_blocks(request)
             num_computed = len(computed) * self.block_manager.block_size
             num_new = min(request.num_tokens - num_computed, budget)
@@ -199,5 +202,5 @@ class Scheduler:
             num_new_tokens=num_new,
             num_computed_tokens=request.num_computed_tokens,
             block_ids=self.block_manager.get_block_ids(request.request_id),
-            samples=request.num_computed_tokens + num_new == request.num_tokens,
+            samples=request.num_computed_tokens + num_new == request.num_tokens_with_pending,
         )

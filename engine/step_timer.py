@@ -2,6 +2,9 @@
 launching, host time blocked on the device, and device time (CUDA events).
 
 Off by default (the runner's `timer` is None): a step then pays nothing for it.
+
+NOTE: with async scheduling two steps are in flight at once (step k+1 is launched before
+step k's tokens are read), so each step carries its own clock from `begin` to `finish`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ class StepTiming:
     """One step.
 
     Args:
-        host_s: host time from the start of `execute` until it blocks on the device's result.
-        wait_s: host time blocked waiting for the device (the one sync of the step).
+        host_s: host time from the start of the runner's launch until every kernel of the step
+            is launched (staging, copies, graph replay or eager forward, sampling launches).
+        wait_s: host time blocked waiting for the device to read the step's tokens (its one sync).
         gpu_ms: device time from the forward's launch (the batch already staged) to the last
             sampling kernel (0 on CPU).
         num_seqs, num_tokens: the step's size; graphed: whether a CUDA graph ran it.
@@ -34,34 +38,44 @@ class StepTiming:
     context_tokens: int
 
 
-@dataclass
-class StepTimer:
-    """Collects StepTiming records; the runner calls begin / launching / before_wait / end in each step."""
+class StepClock:
+    """One step's marks: `launching` once its batch is staged, `launched` once its last kernel is queued."""
 
-    device: torch.device
-    records: list[StepTiming] = field(default_factory=list)
-
-    def begin(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self._t0 = time.perf_counter()
-        self._events = None
+        self._t1 = self._t0
+        self._cuda = device.type == "cuda"
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     def launching(self) -> None:
-        """The batch is staged; the forward pass is launched next."""
-        if self.device.type == "cuda":
+        if self._cuda:
             self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             self._events[0].record()
 
-    def before_wait(self) -> None:
+    def launched(self) -> None:
         if self._events is not None:
             self._events[1].record()
         self._t1 = time.perf_counter()
 
-    def end(self, num_seqs: int, num_tokens: int, graphed: bool, context_tokens: int) -> None:
-        t2 = time.perf_counter()
+
+@dataclass
+class StepTimer:
+    """Collects StepTiming records: the runner calls `begin` when it starts a step and `finish`
+    once the step's tokens are read."""
+
+    device: torch.device
+    records: list[StepTiming] = field(default_factory=list)
+
+    def begin(self) -> StepClock:
+        return StepClock(self.device)
+
+    def finish(
+        self, clock: StepClock, wait_s: float, num_seqs: int, num_tokens: int, graphed: bool, context_tokens: int
+    ) -> None:
         gpu_ms = 0.0
-        if self._events is not None:
-            self._events[1].synchronize()  # already done after the step's sync; a step that samples nothing waits here
-            gpu_ms = self._events[0].elapsed_time(self._events[1])
+        if clock._events is not None:
+            clock._events[1].synchronize()  # done after the step's sync; a step that samples nothing waits here
+            gpu_ms = clock._events[0].elapsed_time(clock._events[1])
         self.records.append(
-            StepTiming(self._t1 - self._t0, t2 - self._t1, gpu_ms, num_seqs, num_tokens, graphed, context_tokens)
+            StepTiming(clock._t1 - clock._t0, wait_s, gpu_ms, num_seqs, num_tokens, graphed, context_tokens)
         )

@@ -41,6 +41,11 @@ class WorkerSettings(BaseSettings):
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     kernels: Literal["auto", "torch", "triton"] = Field("auto", description="Triton kernels or torch references.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    async_scheduling: bool | None = Field(
+        None,
+        description="Launch step k+1 before reading step k's tokens (host work overlaps the GPU); "
+        "default: on for CUDA, off for CPU.",
+    )
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + output; default: the checkpoint's.")
     block_size: int = Field(16, ge=1, description="Tokens per KV block.")
     num_kv_tokens: int | None = Field(None, ge=1, description="KV pool size in tokens (overrides memory sizing).")
@@ -122,4 +127,5 @@ class WorkerSettings(BaseSettings):
             device=self.device,
             kernels=self.kernels,
             enforce_eager=self.enforce_eager,
+            async_scheduling=self.async_scheduling,
         )

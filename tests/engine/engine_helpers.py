@@ -24,6 +24,7 @@ def make_engine(
     max_model_len: int | None = None,
     cache_dir: Path | None = None,
     kernels: str = "torch",
+    async_scheduling: bool = False,
 ) -> LLMEngine:
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", max_model_len=max_model_len),
@@ -33,6 +34,7 @@ def make_engine(
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
         device="cpu",
         kernels=kernels,
+        async_scheduling=async_scheduling,
     )
     return LLMEngine(config, cache_dir=str(cache_dir) if cache_dir else None)
 

@@ -162,7 +162,9 @@ def test_padded_decode_through_the_triton_kernels(tiny_ckpt: Callable[[str], Pat
     assert run_staggered(engine, prompts, params, [0, 0, 2]) == plain
 
 
-def _cuda_engine(model_dir: Path, *, enforce_eager: bool, max_num_seqs: int = 16) -> LLMEngine:
+def _cuda_engine(
+    model_dir: Path, *, enforce_eager: bool, max_num_seqs: int = 16, async_scheduling: bool | None = None
+) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model=ModelConfig(model=str(model_dir), dtype="float32"),
@@ -170,6 +172,7 @@ def _cuda_engine(model_dir: Path, *, enforce_eager: bool, max_num_seqs: int = 16
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256),
             device="cuda",
             enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
         )
     )
 
@@ -181,12 +184,13 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
     prompts = random_prompts(len(ARRIVALS), 49152, 3, 60, seed=11)
     with_logprobs = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=0)
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    eager_engine = _cuda_engine(model_dir, enforce_eager=True)
+    # The reference: eager and synchronous steps; the engine under test: graphs and async scheduling.
+    eager_engine = _cuda_engine(model_dir, enforce_eager=True, async_scheduling=False)
     assert eager_engine.runner.graphs is None
     eager = run_with_logprobs(eager_engine, prompts, with_logprobs, ARRIVALS)
     del eager_engine
     engine = _cuda_engine(model_dir, enforce_eager=False)
-    assert engine.runner.graphs is not None and engine.runner.graphs.capture
+    assert engine.runner.graphs is not None and engine.runner.graphs.capture and engine.async_scheduling
     assert_same_outputs(run_with_logprobs(engine, prompts, with_logprobs, ARRIVALS), eager, tol=1e-4)
     replays = engine.runner.graphs.num_replays
     assert replays > 20
@@ -201,7 +205,7 @@ def test_seeded_sampling_is_the_same_with_graphs(tiny_ckpt: Callable[[str], Path
     model_dir = tiny_ckpt("llama")
     prompts = random_prompts(5, 49152, 3, 30, seed=5)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
-    eager = run_staggered(_cuda_engine(model_dir, enforce_eager=True), prompts, params)
+    eager = run_staggered(_cuda_engine(model_dir, enforce_eager=True, async_scheduling=False), prompts, params)
     engine = _cuda_engine(model_dir, enforce_eager=False)
     assert run_staggered(engine, prompts, params) == eager
     assert engine.runner.graphs.num_replays > 0

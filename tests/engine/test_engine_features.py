@@ -1,5 +1,7 @@
 """Engine behaviour on a tiny Llama: prefix caching, chunked prefill, preemption, seeded
-sampling and resumption, n > 1, stop strings, abort, and bad input."""
+sampling and resumption, n > 1, stop strings, abort, and bad input. Every test runs with
+synchronous steps and with async scheduling (step k+1 launched before step k's tokens are
+read), which must not change what any request gets."""
 
 from __future__ import annotations
 
@@ -13,9 +15,14 @@ from tests.engine.engine_helpers import make_engine, random_prompts, run_stagger
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama_dir: Path):
-    return make_engine(tiny_llama_dir, max_num_batched_tokens=2048)
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def engine(request: pytest.FixtureRequest, tiny_llama_dir: Path):
+    return make_engine(tiny_llama_dir, max_num_batched_tokens=2048, async_scheduling=request.param)
+
+
+def like(engine, model_dir: Path, **kwargs):
+    """Another engine over the same checkpoint, in the same scheduling mode as `engine`."""
+    return make_engine(model_dir, async_scheduling=engine.async_scheduling, **kwargs)
 
 
 def generate(engine, prompt: list[int], params: SamplingParams, request_id: str = "x", **kwargs) -> list[int]:
@@ -40,13 +47,13 @@ def test_prefix_cache_computes_only_the_suffix_and_keeps_tokens(tiny_llama_dir: 
             tokens.extend(out.new_token_ids)
     assert request.num_cached_tokens == 512
     assert engine.stats().num_prompt_tokens_computed - before == len(suffix)
-    uncached = make_engine(tiny_llama_dir, enable_prefix_caching=False)
+    uncached = like(engine, tiny_llama_dir, enable_prefix_caching=False)
     assert tokens == generate(uncached, prefix + suffix, GREEDY)
 
 
 def test_chunked_prefill_gives_the_same_tokens(tiny_llama_dir: Path, engine) -> None:
     prompt = random_prompts(1, engine.vocab_size, 300, 300, seed=4)[0]
-    small_budget = make_engine(tiny_llama_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
+    small_budget = like(engine, tiny_llama_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
     chunks = []
     small_budget.add_request("x", prompt, GREEDY)
     tokens = []
@@ -57,17 +64,17 @@ def test_chunked_prefill_gives_the_same_tokens(tiny_llama_dir: Path, engine) -> 
             small_budget.requests["x"].output_token_ids[len(tokens) :] if "x" in small_budget.requests else []
         )
     assert chunks[:5] == [64, 64, 64, 64, 44]  # 300 tokens in budget-sized chunks
-    big = make_engine(tiny_llama_dir, max_num_batched_tokens=4096, enable_prefix_caching=False)
+    big = like(engine, tiny_llama_dir, max_num_batched_tokens=4096, enable_prefix_caching=False)
     reference = generate(big, prompt, GREEDY)
-    again = make_engine(tiny_llama_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
+    again = like(engine, tiny_llama_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
     assert generate(again, prompt, GREEDY) == reference
 
 
 def test_preemption_completes_every_request_with_the_same_tokens(tiny_llama_dir: Path, engine) -> None:
     prompts = random_prompts(6, engine.vocab_size, 20, 60, seed=5)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    ample = run_staggered(make_engine(tiny_llama_dir), prompts, params)
-    tight = make_engine(tiny_llama_dir, num_kv_tokens=16 * 12)  # 12 blocks: far less than 6 x ~6 blocks
+    ample = run_staggered(like(engine, tiny_llama_dir), prompts, params)
+    tight = like(engine, tiny_llama_dir, num_kv_tokens=16 * 12)  # 12 blocks: far less than 6 x ~6 blocks
     squeezed = run_staggered(tight, prompts, params)
     assert tight.stats().num_preemptions > 0
     assert squeezed == ample
@@ -162,8 +169,8 @@ def test_logprobs_flow_through_the_engine(engine) -> None:
     assert all(lp.token_id == max(lp.top, key=lp.top.get) for lp in lps)  # greedy picks the top one
 
 
-def test_bad_input_names_field_and_limit(tiny_llama_dir: Path) -> None:
-    engine = make_engine(tiny_llama_dir, max_model_len=64)
+def test_bad_input_names_field_and_limit(tiny_llama_dir: Path, engine) -> None:
+    engine = like(engine, tiny_llama_dir, max_model_len=64)
     with pytest.raises(ValueError, match=r"prompt is 64 tokens, but max_model_len is 64"):
         engine.add_request("a", [5] * 64, SamplingParams())
     too_long = r"max_tokens \(60\) plus the prompt \(10 tokens\) exceeds max_model_len \(64\)"
@@ -179,15 +186,16 @@ def test_bad_input_names_field_and_limit(tiny_llama_dir: Path) -> None:
     assert engine.stats().num_waiting == 1
 
 
-def test_context_limit_finishes_with_length(tiny_llama_dir: Path) -> None:
-    engine = make_engine(tiny_llama_dir, max_model_len=32)
+def test_context_limit_finishes_with_length(tiny_llama_dir: Path, engine) -> None:
+    engine = like(engine, tiny_llama_dir, max_model_len=32)
     tokens = generate(engine, [7] * 20, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
     assert len(tokens) == 12
 
 
 def test_during_forward_runs_once_per_step_before_the_outputs_and_changes_nothing(engine) -> None:
     """The worker's Redis reads ride on this hook: once per step that runs the model, with the
-    step's requests not yet advanced, and the tokens the same as without it."""
+    step's requests not yet advanced (async: nor by the previous step, whose tokens are read
+    after the hook), and the tokens the same as without it."""
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prompts = random_prompts(3, engine.vocab_size, 5, 30, seed=7)
     expected = {f"p{i}": generate(engine, p, params, request_id=f"p{i}") for i, p in enumerate(prompts)}
@@ -204,6 +212,9 @@ def test_during_forward_runs_once_per_step_before_the_outputs_and_changes_nothin
         for out in engine.step(during_forward=during_forward):
             tokens[out.request_id] += out.new_token_ids
         steps += 1
-    assert len(seen) == steps
-    assert seen[0] == [0, 0, 0] and seen[1] == [1, 1, 1]
+    lag = 1 if engine.async_scheduling else 0  # async: the last call launches nothing, it only reads
+    assert len(seen) == steps - lag
+    assert seen[0] == [0, 0, 0] and seen[1 + lag] == [1, 1, 1]
+    if lag:
+        assert seen[1] == [0, 0, 0]
     assert [tokens[f"q{i}"] for i in range(3)] == [expected[f"p{i}"] for i in range(3)]

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def engine(worker_model_dir):
+def engine(request, worker_model_dir):
+    """The CPU engine; tests parametrized with indirect=True pick async scheduling (the GPU default)."""
     from engine import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
 
     config = EngineConfig(
@@ -37,10 +38,15 @@ def engine(worker_model_dir):
         cache=CacheConfig(num_kv_tokens=4096),
         scheduler=SchedulerConfig(max_num_seqs=32, policy="priority"),
         device="cpu",
+        async_scheduling=getattr(request, "param", False),
     )
     return LLMEngine(config)
 
 
+both_schedulings = pytest.mark.parametrize("engine", [False, True], ids=["sync", "async"], indirect=True)
+
+
+@both_schedulings
 def test_32_concurrent_requests_match_the_offline_engine(redis_server, prefix, worker_model_dir, engine):
     keys, client = Keys(prefix), redis_server.client()
     requests = {}
@@ -173,6 +179,7 @@ def test_deadline_passed_before_start_gives_an_error_event(redis_server, prefix,
     assert client.xlen(keys.dead) == 0
 
 
+@both_schedulings
 def test_cancel_frees_kv_blocks_within_two_steps(redis_server, prefix, worker_model_dir, engine):
     keys, client = Keys(prefix), redis_server.client()
     long_prompt = [100 + i for i in range(120)]  # 8 blocks of 16

@@ -1,0 +1,83 @@
+"""A step whose work is queued on the device: what async scheduling holds between launching
+step k and reading its tokens after step k+1 is launched.
+
+Legend: S = rows that sample in the step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Logprob, Request
+from engine.step_timer import StepClock
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per sampling request (in scheduling order): its new token, logprob and error."""
+
+    requests: list[Request]
+    token_ids: list[int]
+    logprobs: list[Logprob | None]
+    errors: list[str | None]
+
+
+@dataclass
+class SampledTokens:
+    """The device side of a step's samples: where the next step finds a pending token's id
+    before the host has read it.
+
+    Args:
+        token_ids: [S] int64 on the model's device, row i sampled for requests[i].
+        row_of: request -> its row (requests hash by identity).
+    """
+
+    token_ids: torch.Tensor
+    row_of: dict[Request, int]
+
+
+class LaunchedStep:
+    """A launched step. `result()` waits for its tokens (the step's one sync) and returns them;
+    it may be called once.
+
+    Args:
+        requests: the requests that sample in the step, in row order.
+        read: blocks until the tokens are on the host and returns the step's output.
+        sampled: the device tensor of the tokens, for the next step's pending inputs (None when
+            nothing samples).
+        on_done: called with the seconds `read` blocked (the runner's timer), or None.
+    """
+
+    def __init__(
+        self,
+        requests: list[Request],
+        read: Callable[[], ModelRunnerOutput],
+        sampled: SampledTokens | None,
+        on_done: Callable[[float], None] | None = None,
+    ) -> None:
+        self.requests = requests
+        self.sampled = sampled
+        self._read = read
+        self._on_done = on_done
+        self._output: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is None:
+            started = time.perf_counter()
+            self._output = self._read()
+            if self._on_done is not None:
+                self._on_done(time.perf_counter() - started)
+        return self._output
+
+
+def timer_hook(
+    timer, clock: StepClock | None, num_seqs: int, num_tokens: int, graphed: bool, context_tokens: int
+) -> Callable[[float], None] | None:
+    """The LaunchedStep's on_done that files the step's timing (None when no timer is set)."""
+    if timer is None or clock is None:
+        return None
+    return lambda wait_s: timer.finish(clock, wait_s, num_seqs, num_tokens, graphed, context_tokens)
