@@ -91,6 +91,8 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) ->
         "ttft_ms": (ends[0] - start) * 1e3,
         "ms_per_token": (ends[-1] - ends[0]) * 1e3 / (len(ends) - 1),
         "step_ms_median": median(step_ms),
+        "step_ms_max": max(step_ms),
+        "steps_over_2x_median": sum(ms > 2 * median(step_ms) for ms in step_ms),
         "host_ms_median": median([r.host_s * 1e3 for r in decode]),
         "wait_ms_median": median([r.wait_s * 1e3 for r in decode]),
         "gpu_ms_median": median([r.gpu_ms for r in decode]),

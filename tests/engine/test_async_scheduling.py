@@ -10,7 +10,6 @@ it with real graphs on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,13 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from tests.engine.engine_helpers import make_engine, random_prompts
+from tests.engine.gpu_checkpoints import tiny_checkpoint_factory
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_checkpoint: Callable[[str], Path]) -> Path:
-    return tiny_checkpoint("llama")
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama; needs no GGUF conversion where the tokenizer was carried (GPU machine)."""
+    return tiny_checkpoint_factory(request, tmp_path_factory)("llama")
 
 
 def run_all(
