@@ -165,7 +165,7 @@ def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
 def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: bool) -> dict:
     import torch
 
-    from bench.engine_common import free_device_memory, model_dir, vocab_size_of
+    from bench.engine_common import free_device_memory, freeze_long_lived_objects, model_dir, vocab_size_of
     from bench.roofline import ModelCosts, decode_token_floor
 
     dtype = torch.float32 if dry_run else torch.bfloat16
@@ -177,6 +177,7 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
     if not skip_hf:
         row.update(_measure_hf(directory, device, dtype, prompt))
     engine_probe = _engine(directory, device, dry_run)
+    freeze_long_lived_objects()
     costs = ModelCosts.from_model(engine_probe.model, engine_probe.hf_config)
     row["costs"] = costs.as_dict()
     row["graphs_on"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=True)

@@ -117,8 +117,17 @@ def hf_model(directory: Path, device: torch.device, dtype: torch.dtype) -> torch
     return model.eval()
 
 
+def freeze_long_lived_objects() -> None:
+    """After an engine is built: what `python -m worker` does (worker/__main__.py), so that full
+    garbage collections do not walk the start-up objects inside timed steps. free_device_memory
+    unfreezes them again (frozen objects are never collected)."""
+    gc.collect()
+    gc.freeze()
+
+
 def free_device_memory(device: torch.device) -> None:
     """After a peer ran: give its memory back and forget its peak (the engine sizes its KV pool from the peak)."""
+    gc.unfreeze()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

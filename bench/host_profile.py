@@ -28,9 +28,10 @@ TOP = 30
 PHASES = (
     ("engine step", "engine/llm_engine.py", "step"),
     ("schedule", "engine/scheduler.py", "schedule"),
-    ("runner execute", "engine/model_runner.py", "execute"),
+    ("runner launch", "engine/model_runner.py", "launch"),
     ("stage inputs", "engine/input_batch.py", "prepare"),
-    ("outputs -> text", "engine/llm_engine.py", "_process"),
+    ("read tokens + outputs", "engine/llm_engine.py", "_collect"),
+    ("outputs -> text", "engine/engine_outputs.py", "_process"),
     ("detokenize", "engine/detokenizer.py", "add_tokens"),
 )
 

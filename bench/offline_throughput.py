@@ -48,11 +48,13 @@ def workload(vocab_size: int, num_seqs: int, min_len: int, max_len: int, seed: i
 
 
 def build_engine(directory: Path, device, dry_run: bool):
-    from bench.engine_common import async_scheduling_setting
+    """The workload's engine; its start-up objects frozen for the garbage collector as in
+    `python -m worker` (free_device_memory unfreezes them)."""
+    from bench.engine_common import async_scheduling_setting, freeze_long_lived_objects
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from engine.llm_engine import LLMEngine
 
-    return LLMEngine(
+    engine = LLMEngine(
         EngineConfig(
             model=ModelConfig(
                 model=str(directory),
@@ -66,6 +68,8 @@ def build_engine(directory: Path, device, dry_run: bool):
             async_scheduling=async_scheduling_setting(),
         )
     )
+    freeze_long_lived_objects()
+    return engine
 
 
 def run_workload(engine, prompts: list[list[int]], output_lens: list[int]) -> float:

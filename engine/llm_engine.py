@@ -6,7 +6,6 @@ has launched its own work (the host's Python overlaps the device's step).
 
 from __future__ import annotations
 
-import gc
 import logging
 import random
 import time
@@ -112,11 +111,6 @@ class LLMEngine(OutputProcessing):
         self._num_steps = 0
         self._num_generated = 0
         self._num_prompt_computed = 0
-        # NOTE: the model, tokenizer and imports leave a few 100k long-lived Python objects that
-        # every full garbage collection would walk again (~170 ms on a 2-core CI machine); freezing
-        # them keeps those collections, which can land in any step, short (vLLM does the same).
-        gc.collect()
-        gc.freeze()
         logger.info(
             "engine ready: %s on %s (%s), max_model_len %d, %.1fs",
             self.model_dir,

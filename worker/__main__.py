@@ -6,6 +6,7 @@ back to the group, exit 0. A second signal hands everything off at once.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -20,6 +21,13 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     worker = Worker(settings)
+    # NOTE: the engine's start leaves a few 100k long-lived Python objects (model, tokenizer,
+    # imports) that every full garbage collection would walk again: ~170 ms on a 2-core machine,
+    # landing in some step (batch-1 decode on an H100 had steps of 6.8 ms against a 1.5 ms median).
+    # Freezing them keeps those collections short. Done here, once per process, not in the engine:
+    # frozen objects are never collected, so a process that builds several engines would leak them.
+    gc.collect()
+    gc.freeze()
     signals_seen = 0
 
     def on_signal(signum, frame) -> None:
