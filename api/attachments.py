@@ -34,7 +34,11 @@ async def detach(state: AppState, request_id: str) -> int:
 
 
 async def cancel(state: AppState, request_id: str) -> None:
-    await state.redis.set(state.keys.wire.cancel(request_id), "1", ex=DEFAULT_CANCEL_TTL_S)
+    """The cancel key, then the counter that tells workers to read cancel keys (worker/cancel.py)."""
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.set(state.keys.wire.cancel(request_id), "1", ex=DEFAULT_CANCEL_TTL_S)
+        pipe.incr(state.keys.wire.cancels)
+        await pipe.execute()
 
 
 async def is_finished(state: AppState, result_stream: str, n: int) -> bool:

@@ -26,7 +26,7 @@ from collections import deque
 import redis
 
 from worker.admit import Admitter
-from worker.cancel import cancelled_ids
+from worker.cancel import CancelWatch
 from worker.heartbeat import Heartbeat, publish_model_info
 from worker.held import HeldMessages
 from worker.intake import Intake
@@ -67,6 +67,7 @@ class Worker(IntakeLoop):
         self.client = make_client(settings.redis_url, socket_timeout=socket_timeout)
         self.metrics = WorkerMetrics()
         self.held = HeldMessages()
+        self.cancels = CancelWatch(self.keys)
         self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
         self.admitter = Admitter(self.engine, self.client, self.keys, self.consumer, settings.max_deliveries)
         callbacks = {"on_lost": self.held.report_lost_request, "on_written": self._count_written}
@@ -233,7 +234,7 @@ class Worker(IntakeLoop):
     # ---- cancels, deadlines, takeovers -------------------------------------------------------------
     def _check_cancels(self) -> bool:
         batch = Batch()
-        for request_id in cancelled_ids(self.client, self.keys, list(self.jobs)):
+        for request_id in self.cancels.check(self.client, list(self.jobs)):
             job = self.jobs[request_id]
             batch.events += abort_events(job, self.engine.abort_request(request_id), self.consumer)
             self._finish(job, batch, "abort")

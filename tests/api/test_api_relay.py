@@ -186,6 +186,7 @@ def test_request_not_started_in_time_fails_and_is_cancelled(start_api, rclient, 
         error = response.json()["error"]
     assert error["code"] == "queue_timeout"
     assert rclient.get(Keys(prefix).cancel(rid)) == "1"
+    assert int(rclient.get(Keys(prefix).cancels)) >= 1  # and workers are told to look (worker/cancel.py)
 
 
 def test_redis_lost_mid_stream_is_an_error_event_then_done(prefix):

@@ -1,5 +1,6 @@
 """The worker's Redis pieces against a real private Redis, without an engine: publisher
-exactly-once, lease renewal and loss, claiming abandoned messages, reading priors back."""
+exactly-once, lease renewal and loss, claiming abandoned messages, reading priors back, the
+cancel watch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from tests.worker.harness import read_events
+from worker.cancel import CancelWatch, request_cancel
 from worker.intake import Intake
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys, ResultEvent, decode_event
@@ -219,3 +221,20 @@ def test_trim_drops_only_acknowledged_requests(redis_server, prefix):
     client.xack(keys.requests, keys.group, ids[3], ids[5])
     assert intake.trim_acknowledged() == 2  # up to the last delivered entry, which stays
     assert [i.decode() for i, _ in client.xrange(keys.requests)] == ids[5:]
+
+
+def test_cancel_watch_reads_keys_when_the_counter_moves_and_on_its_full_check_period(redis_server, prefix):
+    keys, client = Keys(prefix), redis_server.client()
+    watch = CancelWatch(keys, full_check_s=0.3)
+    running = ["a", "b", "c"]
+    assert watch.check(client, running) == [] and watch.num_full_reads == 1  # the first check reads all
+    assert watch.check(client, running) == [] and watch.num_full_reads == 1  # nothing moved: one GET only
+    request_cancel(client, keys, "b")  # SET + INCR: seen by the very next check
+    assert watch.check(client, running) == ["b"] and watch.num_full_reads == 2
+    client.set(keys.cancel("c"), "1")  # a canceller that does not INCR: seen once the period is over
+    assert watch.check(client, running) == [] and watch.num_full_reads == 2
+    time.sleep(0.35)
+    assert watch.check(client, running) == ["b", "c"] and watch.num_full_reads == 3
+    client.delete(keys.cancels)  # Redis lost the counter (restart): that is a move too
+    assert watch.check(client, running) == ["b", "c"] and watch.num_full_reads == 4
+    assert watch.check(client, []) == []

@@ -81,6 +81,12 @@ class Keys:
     def cancel(self, request_id: str) -> str:
         return f"{self.prefix}:cancel:{request_id}"
 
+    @property
+    def cancels(self) -> str:
+        """Counter every canceller INCRs after setting a cancel key: workers read the running
+        requests' cancel keys when it moves (and every 50 ms regardless), see worker/cancel.py."""
+        return f"{self.prefix}:cancels"
+
     def worker(self, consumer: str) -> str:
         return f"{self.prefix}:worker:{consumer}"
 
