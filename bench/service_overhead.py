@@ -36,7 +36,16 @@ from pathlib import Path
 
 from bench.offline_throughput import MAX_LEN, MAX_NUM_BATCHED_TOKENS, MIN_LEN, NUM_SEQS, workload
 from bench.service_clients import CLIENT_PROCS, SERVED_NAME, run_clients, sequential
-from bench.service_processes import STEM, Service, cpu_s, free_port, read_when_written, start_profiler, stop_profiler
+from bench.service_processes import (
+    STEM,
+    Service,
+    cpu_s,
+    free_port,
+    read_when_written,
+    start_profiler,
+    stop_profiler,
+    worker_cpu_split,
+)
 from bench.service_report import markdown
 
 MODEL = "Qwen3-0.6B"
@@ -57,6 +66,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-seqs", type=int, default=None, help="override the workload's sequence count")
     parser.add_argument(
         "--api-replicas", type=int, default=1, help="API processes (stateless replicas); clients spread over them"
+    )
+    parser.add_argument(
+        "--isolate-worker",
+        action="store_true",
+        help="pin the worker to two physical cores of its own and redis, the API and the clients to the rest "
+        "(as a deployment gives a GPU worker its cores; the load generator shares this machine only here)",
     )
     parser.add_argument("--child", choices=("offline", "worker"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -177,6 +192,10 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         redis_env["LD_LIBRARY_PATH"] = os.environ["INFERQ_REDIS_LIB"]
     service = Service(out)
     data_dir = tempfile.mkdtemp(prefix="inferq-bench-redis-")
+    split = worker_cpu_split() if args.isolate_worker else None
+    if args.isolate_worker and split is None:
+        raise SystemExit("--isolate-worker needs at least 4 CPUs besides the worker's two cores")
+    all_cpus = os.sched_getaffinity(0)
     try:
         # As `inferq up` runs it: AOF on, fsync every second.
         redis = service.start("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
@@ -186,9 +205,14 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
         phases_path = out / f"{STEM}_worker_phases_tmp.json"
         phases_path.unlink(missing_ok=True)
+        if split is not None:
+            os.sched_setaffinity(0, split[0])  # the worker (and the publisher process it starts) inherit it
         worker = service.start("worker", [*child, "--child", "worker", "--redis-url", redis_url,
                                           "--result", str(phases_path),
                                           "--batch-window-ms", str(args.batch_window_ms), *flags])  # fmt: skip
+        if split is not None:
+            os.sched_setaffinity(0, split[1])  # the API processes and the client processes inherit this
+            os.sched_setaffinity(redis.pid, split[1])
         apis = [
             service.start(
                 f"api{i}" if i else "api",
@@ -224,6 +248,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
     finally:
         service.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+        os.sched_setaffinity(0, all_cpus)
     output_tokens = sum(r["output_tokens"] for r in rows)
     loaded_ttft = [(r["first"] - r["start"]) * 1000 for r in rows]
     return {
@@ -233,6 +258,8 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "ttft_ms": ttfts,
         "headers_ms": headers_ms,
         "headers_p50_ms": _percentile(headers_ms, 50),
+        "worker_cpus": sorted(split[0]) if split else None,
+        "other_cpus": len(split[1]) if split else None,
         "loaded_ttft_p50_ms": _percentile(loaded_ttft, 50),
         "loaded_ttft_p99_ms": _percentile(loaded_ttft, 99),
         "cpu_s": {**cpu, "clients": client_cpu},
@@ -280,8 +307,13 @@ def main(argv=None) -> dict | None:
     result_path = out / f"{STEM}_offline_tmp.json"
     flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
     print("[service] phase 1: offline engine", flush=True)
+    all_cpus = os.sched_getaffinity(0)
+    split = worker_cpu_split() if args.isolate_worker else None
+    if split is not None:
+        os.sched_setaffinity(0, split[0])  # the offline engine gets the CPUs the worker will get
     subprocess.run([sys.executable, "-m", "bench.service_overhead", "--child", "offline", "--model-dir",
                     str(directory), "--result", str(result_path), *flags], check=True)  # fmt: skip
+    os.sched_setaffinity(0, all_cpus)
     offline = json.loads(result_path.read_text())
     result_path.unlink()
     print(f"[service] offline: {offline}", flush=True)
@@ -289,6 +321,7 @@ def main(argv=None) -> dict | None:
     service = _measure_service(args, directory, out)
     results = _result(args, offline, service, directory)
     stem = STEM if args.api_replicas == 1 else f"{STEM}_{args.api_replicas}api"
+    stem += "_isolated" if args.isolate_worker else ""
     write_results(out, stem, results, markdown(results))
     print(json.dumps(results, indent=1), flush=True)
     print(markdown(results), flush=True)

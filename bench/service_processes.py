@@ -103,3 +103,22 @@ def read_when_written(path: Path, timeout_s: float) -> dict | None:
         path.unlink()
         return result
     return None
+
+
+def worker_cpu_split(num_physical: int = 2) -> tuple[set[int], set[int]] | None:
+    """(the worker's CPUs, everyone else's): the logical CPUs of the first `num_physical` physical
+    cores (SMT siblings together, from /sys topology) for the worker, the rest for redis, the API
+    processes and the load-generating clients. None where the machine has too few CPUs."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores: dict[str, list[int]] = {}
+    for cpu in allowed:
+        cores.setdefault(_core_of(cpu), []).append(cpu)
+    worker = {cpu for cpus in list(cores.values())[:num_physical] for cpu in cpus}
+    rest = set(allowed) - worker
+    return (worker, rest) if len(rest) >= 4 else None
+
+
+def _core_of(cpu: int) -> str:
+    """A physical core's identity: its SMT sibling list (the CPU itself where /sys does not say)."""
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    return path.read_text().strip() if path.exists() else str(cpu)

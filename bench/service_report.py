@@ -50,7 +50,13 @@ def markdown(r: dict) -> str:
         "engine ran the same workload in its own process just before. TTFT: "
         f"{w['ttft_requests']} sequential requests, {w['ttft_prompt_tokens']}-token prompt, "
         f"{w['ttft_new_tokens']} new tokens, p50 (service: first streamed token at the client; offline: "
-        "add_request to the step that returns it).",
+        "add_request to the step that returns it)."
+        + (
+            f" CPUs: the worker (and the offline engine before it) pinned to {svc['worker_cpus']}, redis, the API "
+            f"and the clients to the other {svc['other_cpus']} logical CPUs."
+            if svc.get("worker_cpus")
+            else " CPUs: not pinned (worker, API, redis and the clients share every CPU)."
+        ),
         "",
         table(rows, [("what", "path", ""), ("s", "time s", ".2f"), ("out", "output tok/s", ",.0f"),
                      ("total", "total tok/s", ",.0f"), ("frac", "of offline", ".1%"),

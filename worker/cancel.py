@@ -1,6 +1,7 @@
 """Cancellation: a client (or the API on disconnect) sets `{prefix}:cancel:{id}` and then INCRs
-`{prefix}:cancels`; the worker reads that counter once per step and, only when it moved, the
-cancel keys of every request it runs (one MGET).
+`{prefix}:cancels` (api/attachments.py; request_cancel in tests/worker/harness.py); the worker
+reads that counter once per step and, only when it moved, the cancel keys of every request it
+runs (one MGET).
 
 # NOTE: the counter keeps the per-step round trip one small GET: the MGET over 256 running
 # requests' keys cost ~0.8 ms a step in the worker under load (service benchmark, H100), host
@@ -16,7 +17,7 @@ import time
 
 import redis
 
-from worker.protocol import DEFAULT_CANCEL_TTL_S, Keys
+from worker.protocol import Keys
 
 FULL_CHECK_S = 0.05
 
@@ -57,11 +58,3 @@ class CancelWatch:
         self._seen, self._last_full = counter, now
         self.num_full_reads += 1
         return cancelled_ids(client, self.keys, request_ids)
-
-
-def request_cancel(client: redis.Redis, keys: Keys, request_id: str, ttl_s: int = DEFAULT_CANCEL_TTL_S) -> None:
-    """What a submitter does to cancel a request (for tools and tests; the API does the same)."""
-    with client.pipeline(transaction=True) as pipe:
-        pipe.set(keys.cancel(request_id), "1", ex=ttl_s)
-        pipe.incr(keys.cancels)
-        pipe.execute()

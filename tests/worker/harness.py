@@ -16,7 +16,7 @@ import redis
 
 from tests.redis_server import RedisServer
 from worker.loop import Worker
-from worker.protocol import Keys, ResultEvent, decode_event, is_complete, seq_from_stream_id
+from worker.protocol import DEFAULT_CANCEL_TTL_S, Keys, ResultEvent, decode_event, is_complete, seq_from_stream_id
 from worker.settings import WorkerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -205,3 +205,12 @@ def offline_outputs(engine, requests: dict[str, tuple[list[int], dict]]) -> dict
         for output in engine.step():
             out[output.request_id].setdefault(output.index, []).extend(output.new_token_ids)
     return out
+
+
+def request_cancel(client, keys: Keys, request_id: str, ttl_s: int = DEFAULT_CANCEL_TTL_S) -> None:
+    """What a submitter does to cancel a request (the API does the same, api/attachments.py): the
+    cancel key, then the counter that makes workers read cancel keys (worker/cancel.py)."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.set(keys.cancel(request_id), "1", ex=ttl_s)
+        pipe.incr(keys.cancels)
+        pipe.execute()

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.worker.harness import read_events
-from worker.cancel import CancelWatch, request_cancel
+from tests.worker.harness import read_events, request_cancel
+from worker.cancel import CancelWatch
 from worker.intake import Intake
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys, ResultEvent, decode_event

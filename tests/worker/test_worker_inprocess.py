@@ -17,11 +17,11 @@ from tests.worker.harness import (
     make_settings,
     offline_outputs,
     read_events,
+    request_cancel,
     submit,
     tokens_by_index,
     wait_complete,
 )
-from worker.cancel import request_cancel
 from worker.loop import Worker
 from worker.protocol import Keys, WorkerHeartbeat
 
