@@ -47,8 +47,6 @@ class LaunchedStep:
     Args:
         requests: the requests that sample in the step, in row order.
         read: blocks until the tokens are on the host and returns the step's output.
-        sampled: the device tensor of the tokens, for the next step's pending inputs (None when
-            nothing samples).
         on_done: called with the seconds `read` blocked (the runner's timer), or None.
     """
 
@@ -56,11 +54,9 @@ class LaunchedStep:
         self,
         requests: list[Request],
         read: Callable[[], ModelRunnerOutput],
-        sampled: SampledTokens | None,
         on_done: Callable[[float], None] | None = None,
     ) -> None:
         self.requests = requests
-        self.sampled = sampled
         self._read = read
         self._on_done = on_done
         self._output: ModelRunnerOutput | None = None

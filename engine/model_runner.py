@@ -173,10 +173,6 @@ class ModelRunner:
             self.inputs.invalidate_tables()  # the device's block table may not hold what the host recorded
             raise
 
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """launch + result: one synchronous step."""
-        return self.launch(sched).result()
-
     @torch.inference_mode()
     def _launch(self, sched: SchedulerOutput) -> LaunchedStep:
         clock = self.timer.begin() if self.timer is not None else None
@@ -198,7 +194,7 @@ class ModelRunner:
             self._last_sampled = None
             if clock is not None:
                 clock.launched()
-            return LaunchedStep([], _nothing_sampled, None, on_done)
+            return LaunchedStep([], _nothing_sampled, on_done)
         rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
         logits = self.model.compute_logits(rows)  # [S, V] float32
         if all(map(_is_plain_greedy, requests)):
@@ -210,7 +206,7 @@ class ModelRunner:
         self._last_sampled = SampledTokens(token_ids, {r: i for i, r in enumerate(requests)})
         if clock is not None:
             clock.launched()
-        return LaunchedStep(requests, read, self._last_sampled, on_done)
+        return LaunchedStep(requests, read, on_done)
 
     def _sample_greedy(
         self, logits: torch.Tensor, requests: list[Request]
