@@ -6,6 +6,7 @@ Legend: S = rows that sample in the step.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,11 +34,17 @@ class SampledTokens:
 
     Args:
         token_ids: [S] int64 on the model's device, row i sampled for requests[i].
-        row_of: request -> its row (requests hash by identity).
+        requests: the S requests, in row order.
     """
 
     token_ids: torch.Tensor
-    row_of: dict[Request, int]
+    requests: list[Request]
+
+    @functools.cached_property
+    def row_of(self) -> dict[Request, int]:
+        """request -> its row (requests hash by identity); built only when a next step has a
+        pending token to look up (synchronous steps never do)."""
+        return {request: row for row, request in enumerate(self.requests)}
 
 
 class LaunchedStep:

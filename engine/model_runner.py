@@ -203,7 +203,7 @@ class ModelRunner:
             out = self.sampler(logits, requests)  # NOTE: syncs (host-side logprobs and penalties)
             token_ids = torch.tensor(out.token_ids, dtype=torch.int64, device=self.device)
             read = lambda: ModelRunnerOutput(requests, out.token_ids, out.logprobs, out.errors)  # noqa: E731
-        self._last_sampled = SampledTokens(token_ids, {r: i for i, r in enumerate(requests)})
+        self._last_sampled = SampledTokens(token_ids, requests)
         if clock is not None:
             clock.launched()
         return LaunchedStep(requests, read, on_done)

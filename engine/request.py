@@ -114,7 +114,7 @@ class Request:
     def num_new_tokens_needed(self) -> int:
         """0 once the pending token is the last one the request may have: scheduling it again
         would compute a token past max_tokens or the model's context."""
-        total = len(self.all_token_ids) + self.num_pending_tokens
+        total = self.num_tokens_with_pending
         if self.num_pending_tokens and self.max_num_tokens is not None and total >= self.max_num_tokens:
             return 0
         return total - self.num_computed_tokens

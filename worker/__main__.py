@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(settings)
     # NOTE: the engine's start leaves a few 100k long-lived Python objects (model, tokenizer,
     # imports) that every full garbage collection would walk again: ~170 ms on a 2-core machine,
-    # landing in some step (batch-1 decode on an H100 had steps of 6.8 ms against a 1.5 ms median).
-    # Freezing them keeps those collections short. Done here, once per process, not in the engine:
+    # landing in some step. Freezing them keeps those collections short. (On an H100, batch-1
+    # decode with async scheduling had a mean 13% over its median step without the freeze and none
+    # with it, one run each; a synchronous run with the freeze still had 6.8 ms steps against a
+    # 1.5 ms median, so not every outlier step is the collector's.) Done here, once per process, not in the engine:
     # frozen objects are never collected, so a process that builds several engines would leak them.
     gc.collect()
     gc.freeze()

@@ -3,9 +3,11 @@
 reads that counter once per step and, only when it moved, the cancel keys of every request it
 runs (one MGET).
 
-# NOTE: the counter keeps the per-step round trip one small GET: the MGET over 256 running
-# requests' keys cost ~0.8 ms a step in the worker under load (service benchmark, H100), host
-# time that async scheduling can only hide while the host is faster than the GPU. A canceller
+# NOTE: the counter keeps the per-step round trip one small GET instead of an MGET over every
+# running request's key (0.34 ms for 256 keys vs 0.14 ms for the GET on an idle local Redis).
+# Under the service benchmark's load the worker's cancel checks still took 0.6-1.3 ms a step
+# with the GET (0.83 ms with the MGET): the round trip, not the command, is most of it there
+# (bench/results/h100/service_history.md). A canceller
 # that sets the key without the INCR (older clients) is still seen: every FULL_CHECK_S the worker
 # reads every key regardless. A cancel that moved the counter before the check preceding step k
 # frees its KV blocks before step k + 1 runs (the guarantee the tests assert).
