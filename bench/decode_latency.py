@@ -25,6 +25,7 @@ from pathlib import Path
 MODELS = ("Llama-3.2-1B", "Llama-3.1-8B")
 PROMPT_LEN, NEW_TOKENS = 128, 512
 HF_TOKENS = (8, 40)  # transformers is timed at two output lengths; ms/token is the slope
+TTFT_REPEATS = 5
 STEM = "engine_decode_latency"
 
 
@@ -80,16 +81,23 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) ->
     if runner.graphs is not None:
         runner.graphs.enabled = graphs
     _run_request(engine, prompt, 16)  # warm-up of this mode
-    start = time.perf_counter()
     ends = _run_request(engine, prompt, new_tokens)  # timed without the step timer's events
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
     typical_ms = median(step_ms)
     runner.timer = StepTimer(engine.device)
     _run_request(engine, prompt, min(new_tokens, 128))  # per-step host / GPU split
-    decode, runner.timer = runner.timer.records[1:], None  # the first step is the prefill
+    prefill, decode, runner.timer = runner.timer.records[0], runner.timer.records[1:], None
+    ttfts = []
+    for _ in range(TTFT_REPEATS):  # the prompt's first token alone: prefill, sample, read
+        begin = time.perf_counter()
+        ttfts.append((_run_request(engine, prompt, 1)[0] - begin) * 1e3)
     return {
         "graphs": graphs and runner.graphs is not None,
-        "ttft_ms": (ends[0] - start) * 1e3,
+        "ttft_ms": median(ttfts),
+        "ttft_ms_all": ttfts,
+        "prefill_host_ms": prefill.host_s * 1e3,
+        "prefill_gpu_ms": prefill.gpu_ms,
+        "prefill_graphed": prefill.graphed,
         "ms_per_token": (ends[-1] - ends[0]) * 1e3 / (len(ends) - 1),
         "step_ms_median": typical_ms,
         "step_ms_max": max(step_ms),
@@ -216,7 +224,8 @@ def markdown(results: dict) -> str:
             m = r[mode]
             rows.append({"model": name, "mode": label, "ms": m["ms_per_token"], "floor": r["floor_ms_per_token"],
                          "frac": m["frac_of_floor"], "bw": m["frac_read_bw_all_params"], "step": m["step_ms_median"],
-                         "gpu": m["gpu_ms_median"], "host": m["host_ms_median"],
+                         "gpu": m["gpu_ms_median"], "host": m["host_ms_median"], "ttft": m["ttft_ms"],
+                         "pf_host": m.get("prefill_host_ms"), "pf_gpu": m.get("prefill_gpu_ms"),
                          "goal": GOALS_MS.get(name)})  # fmt: skip
         if "hf_ms_per_token" in r:
             hf_ms = r["hf_ms_per_token"]
@@ -231,7 +240,9 @@ def markdown(results: dict) -> str:
         "Per step medians (a 128-token run with the step timer on): wall, GPU (CUDA events from the forward's "
         "launch, batch already staged, to the last sampling kernel) and host time before the step's one sync "
         "(in graph mode it overlaps the GPU once the replay is launched). transformers: `generate` eager, "
-        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens.",
+        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens. TTFT: median over "
+        f"{TTFT_REPEATS} requests of the same prompt with max_tokens 1 (add_request to the token reaching the "
+        "caller); prefill host / GPU ms: the prompt's step, split as the decode steps are.",
         "",
         table(
             rows,
@@ -246,6 +257,9 @@ def markdown(results: dict) -> str:
                 ("step", "step ms", ".3f"),
                 ("gpu", "GPU ms", ".3f"),
                 ("host", "host ms", ".3f"),
+                ("ttft", "TTFT ms", ".2f"),
+                ("pf_host", "prefill host ms", ".2f"),
+                ("pf_gpu", "prefill GPU ms", ".2f"),
             ],
         ),  # fmt: skip
     ]

@@ -1,18 +1,40 @@
-"""CUDA graphs of the decode forward pass, one per batch-size bucket (vLLM style).
+"""CUDA graphs of the forward pass: one per decode batch-size bucket (vLLM style) and one
+per token bucket of small mixed steps (prefill chunks with or without decodes).
 
-A decode step of n sequences runs the graph of the smallest bucket b >= n; rows n..b-1
-are padding that writes no KV (slot -1) and reads none (seq_len 0). The graphs read their
-inputs from the InputBatch's device buffers at the fixed offsets of `decode_views(b)`, so a
-replay is: stage the batch, two copies, one launch. Sampling stays outside the graph.
+Why mixed steps too: an eager forward launches ~10 kernels a layer from Python, and on the
+H100 machine that host work (~20 ms for a 28-layer model) dwarfed the GPU work of a short
+prompt (~1-2 ms). A graph replays all of them with one launch, so a 128-token prompt's
+first token no longer waits on Python. Long prefills stay eager: their GPU time hides it.
 
-Legend: b = bucket size (padded rows), n = real rows, H = hidden size.
+A step runs the graph of the smallest bucket that holds it; padding writes no KV (slot -1)
+and reads none:
+- decode (one new token per sequence), n rows -> bucket b >= n: rows n..b-1 get seq_len 0.
+- mixed, T tokens of S sequences (T > S) -> bucket (T_b >= T, S_b = min(T_b - 1, max_num_seqs),
+  which holds any S < T and keeps T_b != S_b, so the two kinds never share a key):
+  tokens T..T_b-1 belong to no sequence, sequences S..S_b-1 have no new token (their
+  query_start_loc entries equal T); the prefill kernel's grid, sized from (T_b, S_b),
+  covers any real step of that size and skips the empty sequences.
+The graphs read their inputs from the InputBatch's device buffers at the fixed offsets of
+`decode_views` / `mixed_views`, so a replay is: stage the batch, two copies, one launch.
+Sampling stays outside the graph.
 
-Buckets: 1, 2, 4, 8, then every multiple of 8 up to the largest decode batch (and that
-largest size itself), so padding wastes at most 7 rows (vLLM's choice).
+Legend: b = decode bucket, T_b / S_b = tokens / sequences of a mixed bucket, H = hidden size.
+
+Buckets: decode 1, 2, 4, 8, then every multiple of 8 up to the largest decode batch (and that
+largest size itself), so padding wastes at most 7 rows (vLLM's choice); mixed 16, 32, 64,
+96, 128, 192, 256, 384, 512 tokens (and the step's token budget where it is smaller): a
+padded token costs little below ~512, where the linear layers still stream their weights.
 
 NOTE: capture needs every kernel compiled and every library handle created first, so each
 bucket runs once eagerly before its capture; all graphs share one memory pool and are
-captured largest first so that smaller ones reuse the larger ones' blocks.
+captured largest first so that smaller ones reuse the larger ones' blocks. That reuse makes
+a buffer first allocated *during* a capture unsafe to keep: it may sit where an earlier
+graph keeps its temporaries, which that graph's replays overwrite. So the eager warm-ups
+run on the capture stream itself: whatever a kernel allocates once per stream (the split
+kernels' ticket counters, cuBLAS workspaces) exists before the first capture, outside the
+pool. (Found on the GPU when mixed graphs were first captured ahead of the decode graphs:
+the decode kernel's counters landed in a mixed graph's temporaries, and decodes after a
+mixed step read garbage.)
 """
 
 from __future__ import annotations
@@ -28,6 +50,11 @@ from engine.input_batch import InputBatch
 
 logger = logging.getLogger(__name__)
 
+MIXED_TOKEN_SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512)
+MAX_MIXED_GRAPH_TOKENS = MIXED_TOKEN_SIZES[-1]
+
+Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decode bucket
+
 
 def capture_sizes(max_batch: int) -> list[int]:
     """The bucket sizes for decode batches of 1..max_batch rows, ascending."""
@@ -39,13 +66,24 @@ def capture_sizes(max_batch: int) -> list[int]:
     return sizes
 
 
-class DecodeGraphs:
-    """The decode forward pass, padded to buckets, replayed from CUDA graphs.
+def mixed_capture_sizes(max_tokens: int) -> list[int]:
+    """The token buckets of mixed steps of 2..max_tokens tokens (capped at MAX_MIXED_GRAPH_TOKENS)."""
+    if max_tokens < 2:
+        return []
+    sizes = [s for s in MIXED_TOKEN_SIZES if s <= max_tokens]
+    if max_tokens < MAX_MIXED_GRAPH_TOKENS and (not sizes or sizes[-1] != max_tokens):
+        sizes.append(max_tokens)
+    return sizes
+
+
+class StepGraphs:
+    """The forward pass of decode steps and small mixed steps, padded to buckets, replayed from CUDA graphs.
 
     Args:
-        forward: runs the model on (input_ids, positions, meta) and returns hidden states [b, H].
+        forward: runs the model on (input_ids, positions, meta) and returns hidden states [T_b, H].
         inputs: the runner's InputBatch (static buffers).
         max_batch: the largest decode batch (min(max_num_seqs, max_num_batched_tokens)).
+        max_mixed_tokens: the largest mixed step to graph (the step's token budget; 0 for none).
         capture: True records CUDA graphs (CUDA only). False runs the same padded forward
             eagerly over the same static buffers: the CPU tests' way to check bucketing and
             padding without a GPU.
@@ -56,6 +94,7 @@ class DecodeGraphs:
         forward: Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor],
         inputs: InputBatch,
         max_batch: int,
+        max_mixed_tokens: int,
         capture: bool,
     ) -> None:
         if capture and inputs.device.type != "cuda":
@@ -64,18 +103,38 @@ class DecodeGraphs:
         self.inputs = inputs
         self.sizes = capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
+        # NOTE: the warm-up batch of a mixed bucket spreads T_b tokens over S_b sequences; a
+        # bucket whose sequences would not fit the block table is left out (a real step of
+        # that size cannot fit it either).
+        longest = inputs.width * inputs.block_size
+        self.mixed_sizes = [t for t in mixed_capture_sizes(max_mixed_tokens) if -(-t // self._mixed_seqs(t)) <= longest]
         self.capture = capture
         self.enabled = True  # benchmarks switch replay off to time the eager path of the same engine
         self.num_replays = 0
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
-        self._views = {b: inputs.decode_views(b) for b in self.sizes}
+        self.num_mixed_replays = 0
+        self._graphs: dict[Bucket, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[Bucket, torch.Tensor] = {}
+        self._views = {(b, b): inputs.decode_views(b) for b in self.sizes}
+        for t in self.mixed_sizes:
+            self._views[(t, self._mixed_seqs(t))] = inputs.mixed_views(t, self._mixed_seqs(t))
 
-    def bucket_for(self, num_rows: int) -> int | None:
-        """The smallest bucket holding num_rows rows, None when graphs are off or it is too large."""
-        if not self.enabled or num_rows > self.max_batch:
+    def _mixed_seqs(self, num_tokens: int) -> int:
+        return min(num_tokens - 1, self.inputs.max_num_seqs)
+
+    def bucket_for(self, num_tokens: int, num_seqs: int) -> Bucket | None:
+        """The smallest bucket holding a step of num_tokens new tokens over num_seqs sequences;
+        None when graphs are off or the step is too large."""
+        if not self.enabled or num_seqs < 1:
             return None
-        return self.sizes[bisect.bisect_left(self.sizes, num_rows)]
+        if num_tokens == num_seqs:
+            if num_seqs > self.max_batch:
+                return None
+            b = self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+            return (b, b)
+        if not self.mixed_sizes or num_tokens > self.mixed_sizes[-1]:
+            return None
+        t = self.mixed_sizes[bisect.bisect_left(self.mixed_sizes, num_tokens)]
+        return (t, self._mixed_seqs(t))
 
     @torch.inference_mode()
     def capture_all(self) -> None:
@@ -83,30 +142,41 @@ class DecodeGraphs:
         if not self.capture:
             return
         started = time.monotonic()
+        device = self.inputs.device
         pool = torch.cuda.graph_pool_handle()
-        free_before = torch.cuda.mem_get_info(self.inputs.device)[0]
-        for b in reversed(self.sizes):
-            ids, positions, meta = self._views[b]
-            self.inputs.fill_dummy_decode(b)
-            self.forward(ids, positions, meta)  # compiles kernels, creates cuBLAS handles
-            torch.cuda.synchronize(self.inputs.device)
+        stream = torch.cuda.Stream(device)
+        free_before = torch.cuda.mem_get_info(device)[0]
+        for bucket in sorted(self._views, reverse=True):
+            ids, positions, meta = self._views[bucket]
+            num_tokens, num_seqs = bucket
+            if num_tokens == num_seqs:
+                self.inputs.fill_dummy_decode(num_seqs)
+            else:
+                self.inputs.fill_dummy_mixed(num_tokens, num_seqs)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                self.forward(ids, positions, meta)  # compiles kernels, makes per-stream buffers and handles
+            torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                self._outputs[b] = self.forward(ids, positions, meta)
-            self._graphs[b] = graph
-        torch.cuda.synchronize(self.inputs.device)
-        used = free_before - torch.cuda.mem_get_info(self.inputs.device)[0]
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                self._outputs[bucket] = self.forward(ids, positions, meta)
+            self._graphs[bucket] = graph
+        torch.cuda.synchronize(device)
+        used = free_before - torch.cuda.mem_get_info(device)[0]
         logger.info(
-            "captured %d decode CUDA graphs (batch %d..%d) in %.1fs, %.2f GiB",
-            len(self.sizes), self.sizes[0], self.max_batch, time.monotonic() - started, used / 2**30,
+            "captured %d CUDA graphs (decode batch %d..%d, mixed steps of %s tokens) in %.1fs, %.2f GiB",
+            len(self._graphs), self.sizes[0], self.max_batch, self.mixed_sizes or "no", time.monotonic() - started,
+            used / 2**30,
         )  # fmt: skip
 
-    def run(self, bucket: int) -> torch.Tensor:
-        """Runs the padded decode forward of `bucket` rows over the staged inputs -> hidden [bucket, H].
+    def run(self, bucket: Bucket) -> torch.Tensor:
+        """Runs the padded forward of `bucket` over the staged inputs -> hidden [T_b, H].
 
         NOTE: the result is the graph's static output: read it before the next run.
         """
         self.num_replays += 1
+        if bucket[0] != bucket[1]:
+            self.num_mixed_replays += 1
         if self.capture:
             self._graphs[bucket].replay()
             return self._outputs[bucket]

@@ -15,7 +15,8 @@ field starting at a multiple of a = align(T) or b = align(S + 1) elements (align
 
 The offsets depend only on (T, S), so a CUDA graph captured for a decode batch of S = T = b
 rows reads its inputs at the offsets every padded decode step of b rows writes (see
-`decode_views`). The block table the kernels read is a separate device tensor
+`decode_views`), and one captured for a mixed step padded to (T_b, S_b) at the offsets every
+step padded to that bucket writes (`mixed_views`). The block table the kernels read is a separate device tensor
 [Smax, W]: its width is fixed so one captured graph reads any step's table. Each step copies
 only the M used columns of its rows into it, from the packed staging (a small device-side
 strided copy), and only when a row changed.
@@ -125,6 +126,38 @@ class InputBatch:
         )
         return self._dev64[:b], self._dev64[a : a + b], meta
 
+    def mixed_views(self, num_tokens: int, num_seqs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """(input_ids, positions, meta) of a mixed step padded to num_tokens tokens over num_seqs
+        sequences: the static inputs of its graph. max_query_len is the padded token count (the
+        prefill kernel's tile choice; every real step of the bucket picks the same tiles)."""
+        t, s, a, sa = num_tokens, num_seqs, _align(num_tokens), _align(num_seqs + 1)
+        meta = AttentionMetadata(
+            slot_mapping=self._dev64[2 * a : 2 * a + t],
+            block_tables=self.block_tables[:s],
+            seq_lens=self._dev32[:s],
+            query_start_loc=self._dev32[sa : sa + s + 1],
+            max_query_len=t,
+            max_seq_len=self.width * self.block_size,
+            seq_lens_cpu=[t] * s,  # placeholder: the graphed path never reads host lengths
+            query_lens_cpu=[t] * s,
+        )
+        return self._dev64[:t], self._dev64[a : a + t], meta
+
+    def fill_dummy_mixed(self, num_tokens: int, num_seqs: int) -> None:
+        """A harmless mixed batch for warm-up and capture: num_tokens tokens spread evenly over
+        num_seqs fresh sequences, token 0, no KV write (slot -1), keys read from block 0."""
+        self._wait_for_last_copy()
+        t, s, a, sa = num_tokens, num_seqs, _align(num_tokens), _align(num_seqs + 1)
+        per_seq = -(-t // s)
+        starts = np.minimum(self._arange[: s + 1] * per_seq, t)
+        self._np64[: 2 * a] = 0
+        self._np64[2 * a : 2 * a + t] = -1
+        self._np32[:s] = starts[1:] - starts[:-1]
+        self._np32[sa : sa + s + 1] = starts
+        self._copy(2 * a + t, sa + s + 1)
+        self.block_tables[:s].zero_()
+        self._row_blocks[:s] = [None] * s
+
     def fill_dummy_decode(self, num_rows: int) -> None:
         """A harmless decode batch for warm-up and capture: token 0 at position 0, no KV write
         (slot -1), one key read from block 0."""
@@ -148,7 +181,7 @@ class InputBatch:
         self,
         scheduled: list[ScheduledRequest],
         num_tokens: int,
-        pad_to: int | None = None,
+        pad_to: tuple[int, int] | None = None,
         pending: SampledTokens | None = None,
     ) -> StepInputs:
         """Stages the step's batch and starts its copies to the device.
@@ -156,20 +189,22 @@ class InputBatch:
         Args:
             scheduled: the scheduler's items, in order.
             num_tokens: their total new tokens.
-            pad_to: for a decode step (one token per item) replayed by a graph: the bucket
-                size; rows past the real ones get token 0, position 0, slot -1 (no KV write)
-                and seq_len 0 (no KV read).
+            pad_to: (tokens, sequences) of the graph bucket that replays the step. A decode
+                bucket (b, b) takes a decode step (one token per item): rows past the real ones
+                get token 0, position 0, slot -1 (no KV write) and seq_len 0 (no KV read). A
+                mixed bucket (T_b > S_b) takes any step: tokens past the real ones get token 0,
+                position 0, slot -1; sequences past them get seq_len 0 and no new token.
             pending: the tokens of the step launched before this one, on the device: where a
                 request's token that the host has not read yet is found.
         """
         self._wait_for_last_copy()
         num_seqs = len(scheduled)
-        decode = num_tokens == num_seqs
-        if pad_to is not None and (not decode or pad_to < num_seqs):
-            raise ValueError(f"pad_to ({pad_to}) needs a decode step of at most that many rows, got "
-                             f"{num_seqs} rows and {num_tokens} tokens")  # fmt: skip
-        padded = pad_to if pad_to is not None else num_seqs
-        t = padded if decode else num_tokens
+        pad_tokens, padded = pad_to if pad_to is not None else (num_tokens, num_seqs)
+        decode = pad_tokens == padded
+        if pad_tokens < num_tokens or padded < num_seqs or (decode and num_tokens != num_seqs):
+            raise ValueError(f"pad_to {pad_to} cannot hold a step of {num_seqs} sequences and {num_tokens} tokens"
+                             + (" (a decode bucket needs one token per sequence)" if decode else ""))  # fmt: skip
+        t = pad_tokens
         a, sa = _align(t), _align(padded + 1)
         width_used, tables_changed = self._update_tables(scheduled)
         waiting: list[tuple[int, Request]] = []  # (input index, request) of pending tokens
@@ -178,7 +213,7 @@ class InputBatch:
             sampling = [i for i, item in enumerate(scheduled) if item.samples]
             rows = sampling  # one token per row: token index == item index
         else:
-            seq_lens, query_lens, rows, sampling = self._fill_mixed(scheduled, num_tokens, waiting)
+            seq_lens, query_lens, rows, sampling = self._fill_mixed(scheduled, num_tokens, (t, padded), waiting)
         identity_rows = decode and len(rows) == num_seqs
         num_rows = 0 if identity_rows else len(rows)
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
@@ -208,7 +243,7 @@ class InputBatch:
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             seq_lens_cpu=seq_lens + [0] * (padded - num_seqs),
-            query_lens_cpu=query_lens + [1] * (padded - num_seqs),
+            query_lens_cpu=query_lens + [1 if decode else 0] * (padded - num_seqs),
         )
         logits_rows = None if identity_rows else self._dev64[3 * a : 3 * a + num_rows]
         return StepInputs(self._dev64[:t], self._dev64[a : a + t], meta, num_seqs, padded, logits_rows, sampling)
@@ -287,14 +322,19 @@ class InputBatch:
         return seq_lens, [1] * n
 
     def _fill_mixed(
-        self, scheduled: list[ScheduledRequest], num_tokens: int, waiting: list[tuple[int, Request]]
+        self,
+        scheduled: list[ScheduledRequest],
+        num_tokens: int,
+        padded: tuple[int, int],
+        waiting: list[tuple[int, Request]],
     ) -> tuple[list[int], list[int], list[int], list[int]]:
-        """Any mix of prefill chunks and decodes; returns (seq_lens, query_lens, logits rows, sampling
-        items) and appends pending tokens to `waiting`."""
+        """Any mix of prefill chunks and decodes, padded to `padded` (tokens, sequences); returns
+        (seq_lens, query_lens, logits rows, sampling items) and appends pending tokens to `waiting`."""
         bs = self.block_size
         np64, np32 = self._np64, self._np32
         num_seqs = len(scheduled)
-        a, sa = _align(num_tokens), _align(num_seqs + 1)
+        pad_tokens, pad_seqs = padded
+        a, sa = _align(pad_tokens), _align(pad_seqs + 1)
         t = 0
         seq_lens, query_lens, rows, sampling = [], [], [], []
         for i, item in enumerate(scheduled):
@@ -319,6 +359,13 @@ class InputBatch:
                 sampling.append(i)
         np32[:num_seqs] = seq_lens
         np32[sa] = 0
+        if pad_tokens > t:
+            np64[t:pad_tokens] = 0
+            np64[a + t : a + pad_tokens] = 0
+            np64[2 * a + t : 2 * a + pad_tokens] = -1
+        if pad_seqs > num_seqs:
+            np32[num_seqs:pad_seqs] = 0
+            np32[sa + num_seqs + 1 : sa + pad_seqs + 1] = t
         return seq_lens, query_lens, rows, sampling
 
     def _copy(self, n64: int, n32: int) -> None:

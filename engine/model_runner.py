@@ -1,6 +1,6 @@
 """Runs one scheduler decision through the model: stages the flat batch in pinned buffers,
-runs the model (a CUDA graph for decode steps on the GPU), picks the last position of each
-sampling request, samples.
+runs the model (a CUDA graph for decode steps and small mixed steps on the GPU), picks the
+last position of each sampling request, samples.
 
 Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
 
@@ -21,7 +21,7 @@ import torch
 
 from engine import ops
 from engine.attention_metadata import AttentionMetadata
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import StepGraphs
 from engine.input_batch import InputBatch
 from engine.kv_cache import (
     DEFAULT_CPU_KV_TOKENS,
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    """Owns the model, the KV pool, the step's input buffers, the decode graphs and the sampler.
+    """Owns the model, the KV pool, the step's input buffers, the CUDA graphs and the sampler.
 
     Args:
         model: a model with the interface of engine/models (forward, compute_logits,
@@ -53,8 +53,9 @@ class ModelRunner:
         gpu_memory_utilization: see CacheConfig.
         max_num_batched_tokens, max_num_seqs: the largest step (buffers, warm-up, graph buckets).
         max_model_len: the longest sequence (block-table width); None allows the whole pool.
-        cuda_graphs: capture decode CUDA graphs at start (CUDA only; the caller turns it off for
-            enforce_eager and for the torch-reference kernels, which read lengths on the host).
+        cuda_graphs: capture CUDA graphs of decode steps and small mixed steps at start (CUDA
+            only; the caller turns it off for enforce_eager and for the torch-reference kernels,
+            which read lengths on the host).
     """
 
     def __init__(
@@ -85,8 +86,9 @@ class ModelRunner:
         self.kv_caches = list(self.kv_cache.unbind(0))  # per layer [2, N, B, Hkv, D]
         width = self.num_blocks if max_model_len is None else -(-max_model_len // block_size)
         self.max_decode_batch = min(max_num_seqs, max_num_batched_tokens)
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         self.timer: StepTimer | None = None  # benchmarks set one to time each step
         self._last_sampled: SampledTokens | None = None  # the last launched step's tokens, on the device
         # Two pinned buffers for sampled tokens ([2, S] packed), alternating between the two steps in flight.
@@ -95,15 +97,18 @@ class ModelRunner:
         self._samples_ready = [torch.cuda.Event(), torch.cuda.Event()] if pin else []
         self._next_slot = 0
         if cuda_graphs and device.type == "cuda":
-            self.enable_decode_graphs(capture=True)
+            self.enable_graphs(capture=True)
 
-    def enable_decode_graphs(self, capture: bool) -> None:
-        """Pads decode steps to buckets over static buffers; capture=True records CUDA graphs.
+    def enable_graphs(self, capture: bool) -> None:
+        """Pads decode steps and small mixed steps to buckets over static buffers; capture=True
+        records CUDA graphs.
 
         capture=False (any device) runs the same padded forward eagerly: how CPU tests check
         the bucketing and padding that the graphs rely on.
         """
-        self.graphs = DecodeGraphs(self._forward, self.inputs, self.max_decode_batch, capture=capture)
+        self.graphs = StepGraphs(
+            self._forward, self.inputs, self.max_decode_batch, self.max_num_batched_tokens, capture=capture
+        )
         self.graphs.capture_all()
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -178,14 +183,12 @@ class ModelRunner:
         clock = self.timer.begin() if self.timer is not None else None
         items = sched.scheduled
         num_tokens = sched.num_scheduled_tokens
-        bucket = None
-        if self.graphs is not None and num_tokens == len(items):
-            bucket = self.graphs.bucket_for(len(items))
+        bucket = self.graphs.bucket_for(num_tokens, len(items)) if self.graphs is not None else None
         step = self.inputs.prepare(items, num_tokens, pad_to=bucket, pending=self._last_sampled)
         if clock is not None:
             clock.launching()
         if bucket is not None:
-            hidden = self.graphs.run(bucket)  # [bucket, H], rows past num_seqs are padding
+            hidden = self.graphs.run(bucket)  # [T_b, H], rows past the real tokens are padding
         else:
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)  # [T, H]
         requests = [items[i].request for i in step.sampling]

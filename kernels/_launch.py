@@ -120,6 +120,12 @@ def ticket_counters(num: int, device: torch.device) -> torch.Tensor:
     key = (device, stream)
     counters = _TICKETS.get(key)
     if counters is None or counters.numel() < num:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # NOTE: made now, they would live in the graph pool, where another graph's temporaries may
+            # overwrite them: run the kernel once on the capturing stream before capturing
+            raise RuntimeError(
+                f"ticket counters ({num}) first needed while capturing a CUDA graph; warm up on the capture stream"
+            )
         if counters is not None:
             _OUTGROWN_TICKETS.append(counters)
         counters = torch.zeros(max(num, MIN_TICKETS), dtype=torch.int32, device=device)

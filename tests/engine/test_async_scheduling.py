@@ -89,7 +89,7 @@ def test_async_gives_the_sync_outputs(model_dir: Path, graphs: bool) -> None:
     expected = summary(run_all(sync, requests, arrivals))
     engine = make_engine(model_dir, max_num_batched_tokens=64, max_num_seqs=8, async_scheduling=True)
     if graphs:
-        engine.runner.enable_decode_graphs(capture=False)
+        engine.runner.enable_graphs(capture=False)
     got = summary(run_all(engine, requests, arrivals))
     assert got == expected
     assert expected[("r5", 0)][2] == "stop" and len(expected[("r5", 0)][0]) == 5  # the EOS stop did happen

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from engine.cuda_graphs import capture_sizes
+from engine.cuda_graphs import capture_sizes, mixed_capture_sizes
 from engine.input_batch import InputBatch
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -48,14 +48,34 @@ def tiny_ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return tiny_checkpoint_factory(request, tmp_path_factory)
 
 
+def test_mixed_capture_sizes_stop_at_the_token_budget() -> None:
+    assert mixed_capture_sizes(1) == []
+    assert mixed_capture_sizes(2) == [2]
+    assert mixed_capture_sizes(64) == [16, 32, 64]
+    assert mixed_capture_sizes(100) == [16, 32, 64, 96, 100]
+    assert mixed_capture_sizes(8192) == [16, 32, 64, 96, 128, 192, 256, 384, 512]
+
+
 def test_bucket_is_the_smallest_that_fits(tiny_ckpt: Callable[[str], Path]) -> None:
-    engine = make_engine(tiny_ckpt("llama"), max_num_seqs=20)
-    engine.runner.enable_decode_graphs(capture=False)
+    engine = make_engine(tiny_ckpt("llama"), max_num_seqs=20, max_model_len=64)
+    engine.runner.enable_graphs(capture=False)
     graphs = engine.runner.graphs
-    assert [graphs.bucket_for(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)] == [1, 2, 4, 8, 8, 16, 16, 20, 20]
-    assert graphs.bucket_for(21) is None
+    # decode steps: one token per sequence
+    decode = [graphs.bucket_for(n, n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 20)]
+    assert decode == [(b, b) for b in (1, 2, 4, 8, 8, 16, 16, 20, 20)]
+    assert graphs.bucket_for(21, 21) is None
+    # mixed steps: the token bucket, and as many sequences as it can hold (at most max_num_seqs)
+    assert graphs.bucket_for(2, 1) == (16, 15)  # fewer sequences than tokens: never a decode bucket
+    assert graphs.bucket_for(17, 3) == (32, 20)
+    assert graphs.bucket_for(512, 20) == (512, 20)
+    assert graphs.bucket_for(513, 20) is None  # long prefills run eagerly
     graphs.enabled = False
-    assert graphs.bucket_for(1) is None
+    assert graphs.bucket_for(1, 1) is None and graphs.bucket_for(16, 2) is None
+    # Buckets whose warm-up sequences (T_b tokens over S_b of them) would overflow the block table are left out.
+    narrow = make_engine(tiny_ckpt("llama"), max_num_seqs=2, max_model_len=64)
+    narrow.runner.enable_graphs(capture=False)
+    assert narrow.runner.graphs.mixed_sizes == [16, 32, 64, 96, 128]
+    assert narrow.runner.graphs.bucket_for(129, 2) is None
 
 
 class _FakeRequest:
@@ -70,7 +90,7 @@ def test_input_batch_pads_rows_and_keeps_block_tables_in_step() -> None:
     tables = [[5, 2], [7]]
     a, b = _FakeRequest(list(range(100, 112))), _FakeRequest(list(range(200, 203)))
     items = [ScheduledRequest(a, 1, 6, tables[0], True), ScheduledRequest(b, 1, 2, tables[1], True)]
-    step = batch.prepare(items, 2, pad_to=4)
+    step = batch.prepare(items, 2, pad_to=(4, 4))
     assert step.input_ids.tolist() == [106, 202, 0, 0]
     assert step.positions.tolist() == [6, 2, 0, 0]
     assert step.meta.slot_mapping.tolist() == [2 * 4 + 2, 7 * 4 + 2, -1, -1]
@@ -91,11 +111,11 @@ def test_input_batch_pads_rows_and_keeps_block_tables_in_step() -> None:
     assert step.logits_rows.tolist() == [0, 3]
     # A decode step where the second row is a one-token prompt chunk: it does not sample.
     items = [ScheduledRequest(a, 1, 9, tables[0], True), ScheduledRequest(c, 1, 12, [4, 1, 3, 6], False)]
-    step = batch.prepare(items, 2, pad_to=2)
+    step = batch.prepare(items, 2, pad_to=(2, 2))
     assert step.sampling == [0] and step.logits_rows.tolist() == [0]
     assert step.meta.block_tables[1, :4].tolist() == [4, 1, 3, 6]
     with pytest.raises(ValueError, match="pad_to"):
-        batch.prepare(items, 2, pad_to=1)
+        batch.prepare(items, 2, pad_to=(1, 1))
     # After a failed step the runner invalidates the rows: they are all rewritten and copied again.
     batch.block_tables.zero_()
     batch.invalidate_tables()
@@ -136,7 +156,7 @@ def test_padded_static_decode_matches_the_plain_engine(kind: str, tiny_ckpt: Cal
     params = SamplingParams(temperature=0.0, max_tokens=28, ignore_eos=True, logprobs=0)
     plain = run_with_logprobs(make_engine(model_dir, max_num_batched_tokens=64), prompts, params, ARRIVALS)
     engine = make_engine(model_dir, max_num_batched_tokens=64, max_num_seqs=16, num_kv_tokens=2048)
-    engine.runner.enable_decode_graphs(capture=False)
+    engine.runner.enable_graphs(capture=False)
     engine.runner.timer = StepTimer(engine.device)
     assert_same_outputs(run_with_logprobs(engine, prompts, params, ARRIVALS), plain, tol=1e-4)
     assert engine.runner.graphs.num_replays > 20
@@ -158,7 +178,7 @@ def test_padded_decode_through_the_triton_kernels(tiny_ckpt: Callable[[str], Pat
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     plain = run_staggered(make_engine(model_dir), prompts, params, [0, 0, 2])
     engine = make_engine(model_dir, kernels="triton")
-    engine.runner.enable_decode_graphs(capture=False)
+    engine.runner.enable_graphs(capture=False)
     assert run_staggered(engine, prompts, params, [0, 0, 2]) == plain
 
 
@@ -194,6 +214,7 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
     assert_same_outputs(run_with_logprobs(engine, prompts, with_logprobs, ARRIVALS), eager, tol=1e-4)
     replays = engine.runner.graphs.num_replays
     assert replays > 20
+    assert engine.runner.graphs.num_mixed_replays > 0  # prompts arriving while others decode: mixed graphs
     tokens = run_staggered(engine, prompts, greedy, ARRIVALS)  # the greedy fast path after replays
     assert tokens == {rid: [t for t, _ in out] for rid, out in eager.items()}
     assert engine.runner.graphs.num_replays > replays + 20

@@ -174,6 +174,21 @@ def test_split_decode_in_a_cuda_graph_merges_on_every_replay(paged_batch):
         torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA GPU")
+def test_counters_are_never_first_made_inside_a_capture(paged_batch):
+    """Made during a capture they would sit in the graph pool, where another graph's temporaries
+    can overwrite them: the launcher refuses and says to warm up on the capture stream."""
+    batch = paged_batch([1] * 2, [300, 40], 32, 8, 128, 16, torch.bfloat16)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 1 / math.sqrt(128))
+    paged_decode_attention(*args, num_splits=4)  # compiled, and counters for the default stream only
+    fresh = torch.cuda.Stream()
+    fresh.wait_stream(torch.cuda.current_stream())
+    capture = torch.cuda.graph(torch.cuda.CUDAGraph(), stream=fresh)
+    with pytest.raises(RuntimeError, match="warm up on the capture stream"), capture:
+        paged_decode_attention(*args, num_splits=4)
+    torch.cuda.synchronize()
+
+
 def test_split_count_fills_the_gpu_and_stays_static(device):
     if device.type != "cuda":
         assert choose_num_splits(1, 8, device) == 3
