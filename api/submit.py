@@ -25,7 +25,7 @@ from api.errors import SERVER_ERROR, ApiError
 from api.events import EventSource
 from api.limits import check_token_ids, token_budget
 from api.metrics import RequestObserver
-from api.request_meta import CHAT, COMPLETION, RequestMeta, load_meta, queue_meta_writes
+from api.request_meta import CHAT, COMPLETION, RequestMeta, load_meta, save_meta
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState
 from api.tokens import PromptTokenizer
@@ -160,6 +160,7 @@ async def submit(
             prompt_tokens=queued_tokens,
             result_stream=state.keys.wire.result(request_id),
         )
+        await save_meta(redis, state.keys, meta, settings.result_ttl_s)
         # The worker drops the request at its deadline; the slack covers a worker that died holding it.
         source = await _open_source(state, meta, start_timeout_s=settings.queue_timeout_s + START_SLACK_S)
         now = time.time()
@@ -171,12 +172,7 @@ async def submit(
             created=now,
             **_wire_prompt(body),
         )
-        # NOTE: the meta and the request in one transaction: a request is never in the stream
-        # without its meta, and the client's headers wait for one round trip fewer.
-        async with redis.pipeline(transaction=True) as pipe:
-            queue_meta_writes(pipe, state.keys, meta, settings.result_ttl_s)
-            pipe.xadd(state.keys.wire.requests, encode_request(message))
-            await pipe.execute()
+        await redis.xadd(state.keys.wire.requests, encode_request(message))
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await _undo(state, request_id, claim, source)
