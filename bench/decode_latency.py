@@ -26,6 +26,10 @@ MODELS = ("Llama-3.2-1B", "Llama-3.1-8B")
 PROMPT_LEN, NEW_TOKENS = 128, 512
 HF_TOKENS = (8, 40)  # transformers is timed at two output lengths; ms/token is the slope
 TTFT_REPEATS = 5
+# The sampled row: what chat clients send (the greedy rows are BENCHMARKS.md's workload).
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}
+MODES = (("graphs_on", "inferq, CUDA graphs"), ("graphs_sampling", "inferq, CUDA graphs, sampling"),
+         ("graphs_off", "inferq, eager"))  # fmt: skip
 STEM = "engine_decode_latency"
 
 
@@ -56,7 +60,7 @@ def _engine(directory: Path, device, dry_run: bool):
     )
 
 
-def _run_request(engine, prompt: list[int], new_tokens: int) -> list[float]:
+def _run_request(engine, prompt: list[int], new_tokens: int, sampling: dict | None = None) -> list[float]:
     """Runs one greedy request to the end; returns the wall-clock time each token reached the caller.
 
     NOTE: with async scheduling a token comes back from the `step()` call after the one that
@@ -64,7 +68,8 @@ def _run_request(engine, prompt: list[int], new_tokens: int) -> list[float]:
     """
     from engine.sampling_params import SamplingParams
 
-    engine.add_request("bench", prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
+    choice = sampling or {"temperature": 0.0}
+    engine.add_request("bench", prompt, SamplingParams(**choice, max_tokens=new_tokens, ignore_eos=True))
     arrivals = []
     while engine.has_unfinished_requests():
         outputs = engine.step()
@@ -73,24 +78,24 @@ def _run_request(engine, prompt: list[int], new_tokens: int) -> list[float]:
     return arrivals
 
 
-def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool) -> dict:
+def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sampling: dict | None = None) -> dict:
     from bench.engine_common import median
     from engine.step_timer import StepTimer
 
     runner = engine.runner
     if runner.graphs is not None:
         runner.graphs.enabled = graphs
-    _run_request(engine, prompt, 16)  # warm-up of this mode
-    ends = _run_request(engine, prompt, new_tokens)  # timed without the step timer's events
+    _run_request(engine, prompt, 16, sampling)  # warm-up of this mode
+    ends = _run_request(engine, prompt, new_tokens, sampling)  # timed without the step timer's events
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
     typical_ms = median(step_ms)
     runner.timer = StepTimer(engine.device)
-    _run_request(engine, prompt, min(new_tokens, 128))  # per-step host / GPU split
+    _run_request(engine, prompt, min(new_tokens, 128), sampling)  # per-step host / GPU split
     prefill, decode, runner.timer = runner.timer.records[0], runner.timer.records[1:], None
     ttfts = []
     for _ in range(TTFT_REPEATS):  # the prompt's first token alone: prefill, sample, read
         begin = time.perf_counter()
-        ttfts.append((_run_request(engine, prompt, 1)[0] - begin) * 1e3)
+        ttfts.append((_run_request(engine, prompt, 1, sampling)[0] - begin) * 1e3)
     return {
         "graphs": graphs and runner.graphs is not None,
         "ttft_ms": median(ttfts),
@@ -190,13 +195,14 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
     costs = ModelCosts.from_model(engine_probe.model, engine_probe.hf_config)
     row["costs"] = costs.as_dict()
     row["graphs_on"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=True)
+    row["graphs_sampling"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=True, sampling=SAMPLING)
     row["graphs_off"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=False)
     if device.type == "cuda":
         row["eager_profile_us_per_step"] = _profile_eager_steps(engine_probe, prompt)
     mean_context = PROMPT_LEN + (new_tokens - 1) / 2
     floor_s = decode_token_floor(costs, mean_context, ceilings["read_gbps"], ceilings["matmul_tflops"])
     row["floor_ms_per_token"] = floor_s * 1e3
-    for mode in ("graphs_on", "graphs_off"):
+    for mode, _ in MODES:
         row[mode]["frac_of_floor"] = row["floor_ms_per_token"] / row[mode]["ms_per_token"]
         # BENCHMARKS.md's convention: every parameter byte (the input embedding too) per token
         row[mode]["weight_read_gbps"] = costs.all_param_bytes / (row[mode]["ms_per_token"] * 1e6)
@@ -220,7 +226,7 @@ def markdown(results: dict) -> str:
         if "error" in r:
             rows.append({"model": name, "mode": f"error: {r['error']}"})
             continue
-        for mode, label in (("graphs_on", "inferq, CUDA graphs"), ("graphs_off", "inferq, eager")):
+        for mode, label in MODES:
             m = r[mode]
             rows.append({"model": name, "mode": label, "ms": m["ms_per_token"], "floor": r["floor_ms_per_token"],
                          "frac": m["frac_of_floor"], "bw": m["frac_read_bw_all_params"], "step": m["step_ms_median"],
@@ -240,7 +246,8 @@ def markdown(results: dict) -> str:
         "Per step medians (a 128-token run with the step timer on): wall, GPU (CUDA events from the forward's "
         "launch, batch already staged, to the last sampling kernel) and host time before the step's one sync "
         "(in graph mode it overlaps the GPU once the replay is launched). transformers: `generate` eager, "
-        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens. TTFT: median over "
+        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens. 'sampling': the same run with "
+        f"{SAMPLING} instead of greedy. TTFT: median over "
         f"{TTFT_REPEATS} requests of the same prompt with max_tokens 1 (add_request to the token reaching the "
         "caller); prefill host / GPU ms: the prompt's step, split as the decode steps are.",
         "",

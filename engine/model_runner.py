@@ -7,8 +7,9 @@ Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
 Per step the host does: one pass over the scheduled items into numpy views of pinned
 buffers (engine/input_batch.py), two non-blocking copies, one graph replay or eager
 forward, the LM head and sampling launches, a non-blocking copy of the sampled tokens to a
-pinned buffer, and ONE device sync (reading them, in `LaunchedStep.result()`) for plain
-greedy batches. `launch` returns before that sync, so the engine can stage and launch the
+pinned buffer, and ONE device sync (reading them, in `LaunchedStep.result()`) for batches
+where no request asks for logprobs (greedy in one kernel, sampling with temperature, top-k/p,
+min-p on the device). `launch` returns before that sync, so the engine can stage and launch the
 next step while the device still runs this one (async scheduling, engine/llm_engine.py).
 """
 
@@ -201,9 +202,14 @@ class ModelRunner:
         rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
         logits = self.model.compute_logits(rows)  # [S, V] float32
         if all(map(_is_plain_greedy, requests)):
-            token_ids, read = self._sample_greedy(logits, requests)
+            # argmax and the finiteness check in one kernel on CUDA
+            token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
+        elif not any(r.sampling_params.logprobs is not None for r in requests):
+            # temperature, top-k/p, min-p, bias, min_tokens: sampled on the device, read a step later
+            token_ids, bad, _ = self.sampler.sample(logits, requests)
+            token_ids, read = self._read_later(torch.stack([token_ids, (~bad).to(torch.int64)]), requests)
         else:
-            out = self.sampler(logits, requests)  # NOTE: syncs (host-side logprobs and penalties)
+            out = self.sampler(logits, requests)  # NOTE: syncs (logprobs are built on the host)
             token_ids = torch.tensor(out.token_ids, dtype=torch.int64, device=self.device)
             read = lambda: ModelRunnerOutput(requests, out.token_ids, out.logprobs, out.errors)  # noqa: E731
         self._last_sampled = SampledTokens(token_ids, requests)
@@ -211,13 +217,12 @@ class ModelRunner:
             clock.launched()
         return LaunchedStep(requests, read, on_done)
 
-    def _sample_greedy(
-        self, logits: torch.Tensor, requests: list[Request]
+    def _read_later(
+        self, packed: torch.Tensor, requests: list[Request]
     ) -> tuple[torch.Tensor, Callable[[], ModelRunnerOutput]]:
-        """The Sampler's result for plain greedy rows without a host sync at launch (argmax and the
-        finiteness check in one kernel on CUDA: ops.greedy_sample); the tokens travel to a pinned
-        host buffer by a non-blocking copy, and reading them is the step's one sync."""
-        packed = ops.greedy_sample(logits)  # [2, S]: token ids, all-finite flags
+        """The Sampler's result without a host sync at launch: packed [2, S] int64 (token ids, 1
+        where the row's logits were all finite) travels to a pinned host buffer by a non-blocking
+        copy, and reading it is the step's one sync. Returns (token ids on the device, read)."""
         num_rows = len(requests)
         if self._host_samples is None:
             host, ready = packed, None  # CPU: already on the host

@@ -64,23 +64,12 @@ class Sampler:
             requests: the S requests; each samples the token at position
                 `request.num_tokens_with_pending` (async scheduling: the previous step's token
                 may be sampled but not yet read).
+
+        NOTE: reads the tokens (and logprobs) on the host, so it waits for the device; the
+        runner calls `sample` instead when no row asks for logprobs.
         """
-        device = logits.device
-        num_rows, vocab = logits.shape
-        bad = ~torch.isfinite(logits).all(dim=-1)  # [S]
-        logits = torch.where(bad[:, None], torch.zeros_like(logits), logits)
-
-        want_logprobs = [r.sampling_params.logprobs is not None for r in requests]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-
-        logits = self._apply_penalties(logits.clone(), requests)
-        logits = self._apply_bias_and_min_tokens(logits, requests)
-
-        greedy = torch.tensor([r.sampling_params.is_greedy for r in requests], device=device)
-        token_ids = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
-            token_ids = torch.where(greedy, token_ids, self._sample_random(logits, requests))
-
+        num_rows = logits.shape[0]
+        token_ids, bad, raw_logprobs = self.sample(logits, requests)
         token_list = token_ids.tolist()
         bad_list = bad.tolist()
         logprob_list: list[Logprob | None] = [None] * num_rows
@@ -100,6 +89,28 @@ class Sampler:
             for r, is_bad in zip(requests, bad_list, strict=True)
         ]
         return SamplerOutput(token_list, logprob_list, errors)
+
+    def sample(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(token ids [S] int64, non-finite rows [S] bool, log-softmax [S, V] or None when no row
+        asks for logprobs), all on the device. Only presence/frequency penalties wait for it
+        (torch.unique); otherwise the per-request values come from the host, so the runner can
+        read the tokens a step later (requests with penalties run synchronous steps anyway)."""
+        bad = ~torch.isfinite(logits).all(dim=-1)  # [S]
+        logits = torch.where(bad[:, None], torch.zeros_like(logits), logits)
+        wants_logprobs = any(r.sampling_params.logprobs is not None for r in requests)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+
+        logits = self._apply_penalties(logits.clone(), requests)
+        logits = self._apply_bias_and_min_tokens(logits, requests)
+
+        greedy_rows = [r.sampling_params.is_greedy for r in requests]
+        token_ids = logits.argmax(dim=-1)
+        if not all(greedy_rows):
+            greedy = torch.tensor(greedy_rows, device=logits.device)
+            token_ids = torch.where(greedy, token_ids, self._sample_random(logits, requests))
+        return token_ids, bad, raw_logprobs
 
     # ---- logit processing -----------------------------------------------
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:

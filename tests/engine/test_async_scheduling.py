@@ -179,3 +179,32 @@ def test_penalties_make_steps_synchronous_while_such_a_request_runs(model_dir: P
     # the call after pen's last one returns nothing new for "plain" only one call late.
     assert per_call[:5] == [["pen", "plain"]] * 5
     assert per_call[5] == [] and per_call[6:] == [["plain"]] * 7
+
+
+def test_sampling_without_logprobs_is_read_a_step_later(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temperature, top-p, min-p, seeds, bias and min_tokens are sampled on the device and read
+    like greedy tokens (a step later, no sync at launch); only logprobs take the host path."""
+    from engine.sampler import Sampler
+
+    prompts = random_prompts(5, 49152, 4, 40, seed=8)
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=14, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=20, max_tokens=10, ignore_eos=True, seed=9),
+        SamplingParams(temperature=0.6, min_p=0.1, seed=2, max_tokens=12, min_tokens=6),
+        SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True, logit_bias={prompts[3][0]: 3.0}),
+        SamplingParams(temperature=0.8, seed=4, max_tokens=9, ignore_eos=True, logprobs=2),
+    ]
+    requests = [(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+    arrivals = [0, 0, 2, 3, 12]  # r4 (logprobs) joins once the others ran many steps without it
+    expected = summary(run_all(make_engine(model_dir, max_num_seqs=8), requests, arrivals))
+    host_path_rows: list[list[str]] = []
+    host_path = Sampler.__call__
+
+    def spy(self, logits, batch):
+        host_path_rows.append([r.request_id for r in batch])
+        return host_path(self, logits, batch)
+
+    monkeypatch.setattr(Sampler, "__call__", spy)
+    engine = make_engine(model_dir, max_num_seqs=8, async_scheduling=True)
+    assert summary(run_all(engine, requests, arrivals)) == expected
+    assert host_path_rows and all("r4" in rows for rows in host_path_rows)  # only steps with the logprobs request
