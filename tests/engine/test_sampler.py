@@ -121,3 +121,25 @@ def test_logprobs_are_raw_log_softmax_with_top_alternatives():
     assert lp.token_id == out.token_ids[0]
     assert math.isclose(lp.logprob, ref.max().item(), rel_tol=1e-6)
     assert list(lp.top) == ref.topk(3).indices.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device syncs exist only on CUDA")
+def test_sampling_without_logprobs_never_waits_for_the_device():
+    """The runner reads these tokens a step later (async scheduling): `sample` must queue work
+    only. PyTorch's sync debug mode raises on any operation that waits for the device (such as a
+    copy of a Python list from pageable memory, which synchronizes the stream)."""
+    requests = [
+        req([5, 6, 7], temperature=0.8, top_p=0.9),
+        req([5, 6], seed=3, temperature=1.0, top_k=7, min_p=0.05),
+        req([9], temperature=0.0, min_tokens=4, logit_bias={11: 2.0}),
+        req([1, 2, 3, 4], seed=8, temperature=0.7),
+    ]
+    logits = torch.randn(len(requests), 1000, device="cuda")
+    expected = Sampler()(logits, requests).token_ids  # the host path, which may wait
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        token_ids, bad, raw = Sampler().sample(logits, requests)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert raw is None and token_ids.tolist() == expected and not bad.any()
