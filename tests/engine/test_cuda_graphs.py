@@ -1,7 +1,7 @@
 """Decode CUDA graphs: buckets, padding and static buffers.
 
 On the CPU the padded decode path runs eagerly over the same static buffers the graphs
-read (DecodeGraphs with capture=False), so bucketing, padding rows (slot -1, seq_len 0) and
+read (StepGraphs with capture=False), so bucketing, padding rows (slot -1, seq_len 0) and
 the incremental block tables are checked against the unpadded engine token for token. On
 a GPU the real graphs are captured and must give the same tokens as enforce_eager.
 """
