@@ -252,6 +252,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
     output_tokens = sum(r["output_tokens"] for r in rows)
     loaded_ttft = [(r["first"] - r["start"]) * 1000 for r in rows]
     return {
+        "timeline_s": _timeline(rows, worker_phases),
         "elapsed_s": elapsed,
         "output_tok_s": output_tokens / elapsed,
         "total_tok_s": (output_tokens + sum(prompt_lens)) / elapsed,
@@ -269,6 +270,22 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "batch_window_ms": args.batch_window_ms,
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
         "worker_phases": worker_phases,
+    }
+
+
+def _timeline(rows: list[dict], phases: dict | None) -> dict | None:
+    """Where the throughput run's wall time went, in seconds from the first request's send: the
+    worker's first and last engine step (the ramp before, the tail after) and the clients' first
+    token and last response end. Every process reads CLOCK_MONOTONIC (time.perf_counter)."""
+    if not phases or phases.get("first_step_at") is None:
+        return None
+    t0 = min(r["start"] for r in rows)
+    return {
+        "first_step": phases["first_step_at"] - t0,
+        "first_token": min(r["first"] for r in rows) - t0,
+        "last_sent": max(r["start"] for r in rows) - t0,
+        "last_step": phases["last_step_at"] - t0,
+        "last_end": max(r["end"] for r in rows) - t0,
     }
 
 

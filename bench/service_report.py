@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 
+def timeline_line(timeline: dict | None) -> str:
+    if not timeline:
+        return "No timeline of the throughput run (a worker without step times)."
+    t = timeline
+    return (
+        f"Timeline of the throughput run (s after the first request was sent): the worker's first engine step "
+        f"{t['first_step']:.3f}, the first token at a client {t['first_token']:.3f}, the last request sent "
+        f"{t['last_sent']:.3f}, the worker's last engine step {t['last_step']:.3f}, the last response's end "
+        f"{t['last_end']:.3f}; so {t['first_step'] + t['last_end'] - t['last_step']:.3f} s of the run lie outside "
+        "the worker's stepping."
+    )
+
+
 def phases_line(phases: dict | None) -> str:
     if not phases:
         return ""
@@ -70,5 +83,7 @@ def markdown(r: dict) -> str:
         f"throughput run, as a fraction of its wall time (1 = one core busy): {cpu}.",
         "",
         phases_line(svc.get("worker_phases")),
+        "",
+        timeline_line(svc.get("timeline_s")),
         "",
     ])  # fmt: skip

@@ -31,6 +31,8 @@ class WorkerPhases:
         worker.engine.step = self._timed("engine.step", worker.engine.step)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         self.started = time.perf_counter()
+        self.first_step_at: float | None = None
+        self.last_step_at: float | None = None
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.reset())
         signal.signal(signal.SIGUSR2, lambda signum, frame: self.write())
 
@@ -44,8 +46,12 @@ class WorkerPhases:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.totals[key] = self.totals.get(key, 0.0) + time.perf_counter() - start
+                end = time.perf_counter()
+                self.totals[key] = self.totals.get(key, 0.0) + end - start
                 self.calls[key] = self.calls.get(key, 0) + 1
+                if name == "engine.step":  # the engine's busy span, on the clients' clock (CLOCK_MONOTONIC)
+                    self.first_step_at = start if self.first_step_at is None else self.first_step_at
+                    self.last_step_at = end
 
         return timed
 
@@ -54,6 +60,7 @@ class WorkerPhases:
         self.calls.clear()
         self.timer.records.clear()
         self.started = time.perf_counter()
+        self.first_step_at = self.last_step_at = None
 
     def summary(self) -> dict:
         records = self.timer.records
@@ -62,6 +69,8 @@ class WorkerPhases:
         blocked = sum(r.wait_s for r in records)
         return {
             "window_s": time.perf_counter() - self.started,
+            "first_step_at": self.first_step_at,
+            "last_step_at": self.last_step_at,
             "phases_s": dict(self.totals),
             "calls": dict(self.calls),
             "steps": len(records),
