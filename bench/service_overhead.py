@@ -280,7 +280,9 @@ def _timeline(rows: list[dict], phases: dict | None) -> dict | None:
     if not phases or phases.get("first_step_at") is None:
         return None
     t0 = min(r["start"] for r in rows)
+    marks = {name: phases.get(f"{name}_at") for name in ("first_read", "first_admit")}
     return {
+        **{name: (at - t0 if at is not None else None) for name, at in marks.items()},
         "first_step": phases["first_step_at"] - t0,
         "first_token": min(r["first"] for r in rows) - t0,
         "last_sent": max(r["start"] for r in rows) - t0,

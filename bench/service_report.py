@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def timeline_line(timeline: dict | None) -> str:
     if not timeline:
         return "No timeline of the throughput run (a worker without step times)."
     t = timeline
     return (
-        f"Timeline of the throughput run (s after the first request was sent): the worker's first engine step "
+        f"Timeline of the throughput run (s after the first request was sent): the worker's first read of a "
+        f"message {_s(t.get('first_read'))}, its first admission {_s(t.get('first_admit'))}, its first engine step "
         f"{t['first_step']:.3f}, the first token at a client {t['first_token']:.3f}, the last request sent "
         f"{t['last_sent']:.3f}, the worker's last engine step {t['last_step']:.3f}, the last response's end "
         f"{t['last_end']:.3f}; so {t['first_step'] + t['last_end'] - t['last_step']:.3f} s of the run lie outside "

@@ -28,11 +28,14 @@ class WorkerPhases:
         self.calls: dict[str, int] = {}
         for name in LOOP_PHASES:
             setattr(worker, name, self._timed(name, getattr(worker, name)))
+        worker._receive = self._first_call("first_read_at", worker._receive)
+        worker._admit = self._first_call("first_admit_at", worker._admit)
         worker.engine.step = self._timed("engine.step", worker.engine.step)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         self.started = time.perf_counter()
         self.first_step_at: float | None = None
         self.last_step_at: float | None = None
+        self.marks: dict[str, float] = {}
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.reset())
         signal.signal(signal.SIGUSR2, lambda signum, frame: self.write())
 
@@ -55,12 +58,23 @@ class WorkerPhases:
 
         return timed
 
+    def _first_call(self, mark: str, fn):
+        """Records when fn first ran with a non-empty first argument (messages read, admitted) in the window."""
+
+        def marked(*args, **kwargs):
+            if self.marks.get(mark) is None and args and len(args[0]):
+                self.marks[mark] = time.perf_counter()
+            return fn(*args, **kwargs)
+
+        return marked
+
     def reset(self) -> None:
         self.totals.clear()
         self.calls.clear()
         self.timer.records.clear()
         self.started = time.perf_counter()
         self.first_step_at = self.last_step_at = None
+        self.marks.clear()
 
     def summary(self) -> dict:
         records = self.timer.records
@@ -69,6 +83,8 @@ class WorkerPhases:
         blocked = sum(r.wait_s for r in records)
         return {
             "window_s": time.perf_counter() - self.started,
+            "first_read_at": self.marks.get("first_read_at"),
+            "first_admit_at": self.marks.get("first_admit_at"),
             "first_step_at": self.first_step_at,
             "last_step_at": self.last_step_at,
             "phases_s": dict(self.totals),
