@@ -87,7 +87,6 @@ class ModelRunner:
         self.kv_caches = list(self.kv_cache.unbind(0))  # per layer [2, N, B, Hkv, D]
         width = self.num_blocks if max_model_len is None else -(-max_model_len // block_size)
         self.max_decode_batch = min(max_num_seqs, max_num_batched_tokens)
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device)
         self.graphs: StepGraphs | None = None
         self.timer: StepTimer | None = None  # benchmarks set one to time each step
@@ -108,7 +107,7 @@ class ModelRunner:
         the bucketing and padding that the graphs rely on.
         """
         self.graphs = StepGraphs(
-            self._forward, self.inputs, self.max_decode_batch, self.max_num_batched_tokens, capture=capture
+            self._forward, self.inputs, self.max_decode_batch, self.inputs.max_num_tokens, capture=capture
         )
         self.graphs.capture_all()
 

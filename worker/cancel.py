@@ -24,7 +24,7 @@ import time
 import redis
 from redis.client import PubSub
 
-from worker.protocol import Keys
+from worker.protocol import Keys, as_text
 
 FULL_CHECK_S = 0.05
 
@@ -35,10 +35,6 @@ def cancelled_ids(client: redis.Redis, keys: Keys, request_ids: list[str]) -> li
         return []
     values = client.mget([keys.cancel(request_id) for request_id in request_ids])
     return [request_id for request_id, value in zip(request_ids, values, strict=True) if value is not None]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class CancelWatch:
@@ -93,7 +89,7 @@ class CancelWatch:
         ids = set()
         while (message := self._pubsub.get_message(timeout=0.0)) is not None:
             if message.get("type") == "message":
-                ids.add(_text(message["data"]))
+                ids.add(as_text(message["data"]))
                 self.num_messages += 1
         return ids
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.protocol.fields import _check_token_ids, _is_int, _load_json, _normalize, _text
+from worker.protocol.fields import _check_token_ids, _is_int, _load_json, _normalize, as_text
 from worker.protocol.names import EVENT_TYPES, FINISH_REASONS, PROTOCOL_VERSION, ProtocolError
 
 
@@ -104,7 +104,7 @@ def decode_event(fields: Mapping[Any, Any] | str | bytes) -> ResultEvent:
         ProtocolError: naming the field that breaks the contract.
     """
     if isinstance(fields, (str, bytes)):
-        items = _load_json("event", _text(fields))
+        items = _load_json("event", as_text(fields))
         if not isinstance(items, dict):
             raise ProtocolError("event", "must be a JSON object")
     else:

@@ -10,7 +10,8 @@ from typing import Any
 from worker.protocol.names import ProtocolError
 
 
-def _text(value: str | bytes, errors: str = "strict") -> str:
+def as_text(value: str | bytes, errors: str = "strict") -> str:
+    """redis-py hands back bytes unless decode_responses=True: the text either way."""
     return value.decode("utf-8", errors) if isinstance(value, bytes) else value
 
 
@@ -19,9 +20,9 @@ def _normalize(fields: Mapping[Any, Any], errors: str = "strict") -> dict[str, s
     out = {}
     for key, value in fields.items():
         try:
-            out[_text(key, errors)] = _text(value, errors)
+            out[as_text(key, errors)] = as_text(value, errors)
         except UnicodeDecodeError:
-            raise ProtocolError(_text(key, "replace"), "is not valid UTF-8") from None
+            raise ProtocolError(as_text(key, "replace"), "is not valid UTF-8") from None
     return out
 
 

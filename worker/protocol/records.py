@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.protocol.fields import _normalize, _text
+from worker.protocol.fields import _normalize, as_text
 from worker.protocol.names import PROTOCOL_VERSION
 
 
@@ -19,7 +19,7 @@ def encode_dead_letter(
         "v": PROTOCOL_VERSION,
         "id": request_id or "",
         "reason": reason,
-        "message_id": _text(message_id),
+        "message_id": as_text(message_id),
         "fields": json.dumps(_normalize(fields, errors="replace"), ensure_ascii=False),
     }
 
