@@ -34,11 +34,10 @@ async def detach(state: AppState, request_id: str) -> int:
 
 
 async def cancel(state: AppState, request_id: str) -> None:
-    """The cancel key, then the message on the cancel channel that workers take before each step
-    (worker/cancel.py)."""
+    """The cancel key, then the counter that tells workers to read cancel keys (worker/cancel.py)."""
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.set(state.keys.wire.cancel(request_id), "1", ex=DEFAULT_CANCEL_TTL_S)
-        pipe.publish(state.keys.wire.cancels, request_id)
+        pipe.incr(state.keys.wire.cancels)
         await pipe.execute()
 
 

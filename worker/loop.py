@@ -4,9 +4,7 @@ Each iteration of `Worker.run`:
 1. drop requests another worker took over (reported by the lease and publisher threads);
 2. intake: read messages while there are sequence slots and KV room; the first arrival opens the
    batch window, and what arrives inside it is admitted together (see window.py);
-3. cancels: the messages of the cancel channel already received (no round trip), and every 50 ms
-   one MGET of the running requests' cancel keys (worker/cancel.py); drop not-yet-started requests
-   past deadline;
+3. one MGET of the running requests' cancel keys; drop not-yet-started requests past deadline;
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
    no Redis wait).
 While the engine has work, the reads of 2 ride inside the step: the engine calls
@@ -189,7 +187,6 @@ class Worker(IntakeLoop):
         if not self.publisher.close(PUBLISHER_CLOSE_TIMEOUT_S):
             logger.error("exiting with %d unwritten batch(es); they resume elsewhere", self.publisher.num_pending)
         self.heartbeat.stop()
-        self.cancels.close()
         self.client.close()
         logger.info("worker %s stopped", self.consumer)
 
@@ -202,8 +199,8 @@ class Worker(IntakeLoop):
             self._admit_if_due()
         elif not self.is_draining:
             self._intake()
-        # NOTE: cancels are taken before each step, not inside it: taken during step k, a cancel
-        # arriving just after would wait for step k + 2, past the two-step bound.
+        # NOTE: cancels stay a round trip before each step, not inside it: read during step k, a
+        # cancel set just after that read would wait for step k + 2, past the two-step bound.
         if self.jobs and self._redis_usable():
             self._redis_call(self._check_cancels)
         self._drop_late()

@@ -168,8 +168,6 @@ def test_request_not_started_in_time_fails_and_is_cancelled(start_api, rclient, 
     import api.submit
 
     publish_model(rclient, prefix)
-    workers_hear = rclient.pubsub(ignore_subscribe_messages=True)  # what a worker listens to (worker/cancel.py)
-    workers_hear.subscribe(Keys(prefix).cancels)
     old = api.submit.START_SLACK_S
     api.submit.START_SLACK_S = 0.0
     try:
@@ -188,9 +186,7 @@ def test_request_not_started_in_time_fails_and_is_cancelled(start_api, rclient, 
         error = response.json()["error"]
     assert error["code"] == "queue_timeout"
     assert rclient.get(Keys(prefix).cancel(rid)) == "1"
-    heard = [workers_hear.get_message(timeout=1.0) for _ in range(3)]  # and workers are told
-    workers_hear.close()
-    assert rid in [m["data"] for m in heard if m is not None]
+    assert int(rclient.get(Keys(prefix).cancels)) >= 1  # and workers are told to look (worker/cancel.py)
 
 
 def test_redis_lost_mid_stream_is_an_error_event_then_done(prefix):

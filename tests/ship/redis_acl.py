@@ -60,8 +60,7 @@ METHOD_COMMANDS: dict[str, set[str]] = {
 # Methods and submodules of redis-py that send no command of their own.
 NOT_COMMANDS = {"pipeline", "execute", "pubsub", "get_message", "close", "aclose", "from_url", "call", "pcall"}
 NOT_COMMANDS |= {"execute_command"}  # its command is its first argument: _RAW_COMMAND reads it
-NOT_COMMANDS |= {"asyncio", "exceptions", "backoff", "retry", "client"}
-NOT_COMMANDS |= {"connection"}  # a subscription's connection object (worker/cancel.py hooks its reconnects)
+NOT_COMMANDS |= {"asyncio", "exceptions", "backoff", "retry"}
 # NOTE: redis-py health checks (health_check_interval) send PING on idle connections in both
 # services, whether or not the code calls ping() itself.
 IMPLICIT = {"ping"}

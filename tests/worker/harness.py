@@ -209,8 +209,8 @@ def offline_outputs(engine, requests: dict[str, tuple[list[int], dict]]) -> dict
 
 def request_cancel(client, keys: Keys, request_id: str, ttl_s: int = DEFAULT_CANCEL_TTL_S) -> None:
     """What a submitter does to cancel a request (the API does the same, api/attachments.py): the
-    cancel key, then the request id on the cancel channel that workers listen to (worker/cancel.py)."""
+    cancel key, then the counter that makes workers read cancel keys (worker/cancel.py)."""
     with client.pipeline(transaction=True) as pipe:
         pipe.set(keys.cancel(request_id), "1", ex=ttl_s)
-        pipe.publish(keys.cancels, request_id)
+        pipe.incr(keys.cancels)
         pipe.execute()

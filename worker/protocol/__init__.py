@@ -26,7 +26,6 @@ from worker.protocol.events import (
     event_to_json,
     is_complete,
 )
-from worker.protocol.fields import as_text
 from worker.protocol.names import (
     DEFAULT_CANCEL_TTL_S,
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -81,5 +80,4 @@ __all__ = [
     "seq_from_stream_id",
     "stream_id",
     "tokenizer_fields",
-    "as_text",
 ]

@@ -83,9 +83,8 @@ class Keys:
 
     @property
     def cancels(self) -> str:
-        """Channel every canceller PUBLISHes the request id on after setting its cancel key:
-        workers take these messages before each step (and read the running requests' cancel keys
-        every 50 ms regardless), see worker/cancel.py."""
+        """Counter every canceller INCRs after setting a cancel key: workers read the running
+        requests' cancel keys when it moves (and every 50 ms regardless), see worker/cancel.py."""
         return f"{self.prefix}:cancels"
 
     def worker(self, consumer: str) -> str:
