@@ -1,7 +1,7 @@
 """A request's result events, in sequence order, exactly once: pub/sub live, the result stream as truth.
 
-    source = EventSource(redis, wire_keys, request_id, result_stream, n, after_seq)
-    await source.open()          # subscribe FIRST ...
+    source = EventSource(redis, hub, wire_keys, request_id, result_stream, n, after_seq)
+    await source.open()          # subscribe FIRST (api/event_hub.py: the process's shared connection) ...
     await redis.xadd(...)        # ... then enqueue, so no event is published before we listen
     async for event in source.events(): ...
     await source.close()
@@ -21,8 +21,8 @@ import time
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
+from api.event_hub import EventHub, Subscription
 from worker.protocol import Keys, ProtocolError, ResultEvent, decode_event, seq_from_stream_id, stream_id
 
 log = logging.getLogger("inferq.api")
@@ -42,6 +42,7 @@ class EventSource:
     def __init__(
         self,
         redis: Redis,
+        hub: EventHub,
         keys: Keys,
         request_id: str,
         result_stream: str,
@@ -51,6 +52,7 @@ class EventSource:
         start_timeout_s: float | None = None,
     ) -> None:
         self.redis = redis
+        self.hub = hub
         self.channel = keys.events(request_id)
         self.result_stream = result_stream
         self.n = n
@@ -60,23 +62,19 @@ class EventSource:
         self.start_deadline = time.monotonic() + start_timeout_s if start_timeout_s is not None else None
         self.done_choices: set[int] = set()
         self.failed = False
-        self._pubsub: PubSub | None = None
+        self._subscription: Subscription | None = None
 
     @property
     def complete(self) -> bool:
         return self.failed or len(self.done_choices) >= self.n
 
     async def open(self) -> None:
-        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(self.channel)
+        self._subscription = await self.hub.subscribe(self.channel)
 
     async def close(self) -> None:
-        if self._pubsub is not None:
-            pubsub, self._pubsub = self._pubsub, None
-            try:
-                await pubsub.aclose()
-            except Exception:  # a broken connection is closed anyway
-                log.debug("closing the subscription to %s failed", self.channel, exc_info=True)
+        if self._subscription is not None:
+            subscription, self._subscription = self._subscription, None
+            await subscription.close()
 
     def _accept(self, event: ResultEvent) -> ResultEvent:
         self.last_seq = event.seq
@@ -104,7 +102,7 @@ class EventSource:
 
     async def events(self) -> AsyncIterator[ResultEvent]:
         """Ordered events until the request is complete (all n choices done, or an error)."""
-        if self._pubsub is None:
+        if self._subscription is None:
             raise RuntimeError("EventSource.open() must be awaited before events()")
         for event in await self._read_stream():  # what was written before we attached
             yield self._accept(event)
@@ -113,12 +111,12 @@ class EventSource:
         while not self.complete:
             if self.start_deadline is not None and self.last_seq == 0 and time.monotonic() > self.start_deadline:
                 raise NotStarted(f"no worker started the request within {self.start_timeout_s:g} s")
-            message = await self._pubsub.get_message(timeout=self.poll_s)
-            if message is None or message.get("type") != "message":
+            data = await self._subscription.get(timeout=self.poll_s)
+            if data is None:
                 backlog = await self._read_stream()
             else:
                 try:
-                    live = decode_event(message["data"])
+                    live = decode_event(data)
                 except ProtocolError as exc:
                     log.warning("ignoring a malformed live event on %s: %s", self.channel, exc)
                     continue

@@ -75,7 +75,13 @@ async def resume_stream(
     # A request that never started gives up at the same time as on the replica that admitted it.
     start_left = meta.created + state.settings.queue_timeout_s + START_SLACK_S - time.time()
     source = EventSource(
-        state.redis, state.keys.wire, meta.request_id, meta.result_stream, meta.n, start_timeout_s=max(0.0, start_left)
+        state.redis,
+        state.hub,
+        state.keys.wire,
+        meta.request_id,
+        meta.result_stream,
+        meta.n,
+        start_timeout_s=max(0.0, start_left),
     )
     await source.open()
     return sse_response(state, meta, relay(state, meta, source, resume_after=after))

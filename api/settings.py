@@ -27,7 +27,8 @@ class ApiSettings(BaseSettings):
 
     # Redis and wire contract.
     redis_url: str = "redis://localhost:6379/0"
-    # Connection pool of one replica: each open stream holds one pub/sub connection, plus a few for requests.
+    # Connection pool of one replica: the commands of concurrent requests (streams share one pub/sub
+    # connection, api/event_hub.py); a cap, not a preallocation.
     redis_max_connections: int = Field(4096, ge=8)
     prefix: str = Field("inferq", pattern=r"^[A-Za-z0-9._-]{1,64}$")
 

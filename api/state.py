@@ -12,6 +12,7 @@ from fastapi import Request
 from redis.asyncio import Redis
 
 from api.admission import Admission
+from api.event_hub import EventHub
 from api.keys import ApiKeys
 from api.metrics import ApiMetrics
 from api.model_info import ModelRegistry
@@ -30,15 +31,15 @@ class AppState:
     models: ModelRegistry
     tokenizers: TokenizerCache
     metrics: ApiMetrics
+    hub: EventHub  # the process's one pub/sub connection, shared by every stream it relays
     # Tasks that outlive the request that started them (a cancel after the resume grace period).
     background: set[asyncio.Task] = field(default_factory=set)
 
     @classmethod
     def build(cls, settings: ApiSettings, metrics: ApiMetrics) -> AppState:
         # NOTE: decode_responses=True: every value read from Redis is a str.
-        # NOTE: every open stream holds its own pub/sub connection (api/events.py), so the pool must be
-        # larger than the most concurrent streams one replica serves (redis-py's default of 100 was
-        # measured to answer 503 past ~100 streams).
+        # NOTE: streams share one pub/sub connection (api/event_hub.py); the pool serves the commands
+        # of concurrent requests (submit, XRANGE reads), which under a burst may each hold a connection.
         redis = Redis.from_url(
             settings.redis_url,
             decode_responses=True,
@@ -54,6 +55,8 @@ class AppState:
             models=ModelRegistry(redis, keys.wire, settings.served_model_name),
             tokenizers=TokenizerCache(keys.wire.tokenizer),
             metrics=metrics,
+            # '~' is outside the request-id alphabet: no request's events go to the anchor channel.
+            hub=EventHub(redis, keys.wire.events("~api-hub")),
         )
 
     async def warm_up(self) -> None:
@@ -72,6 +75,7 @@ class AppState:
         for task in list(self.background):
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)
+        await self.hub.close()
         await self.redis.aclose()
 
 

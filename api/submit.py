@@ -82,7 +82,13 @@ def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
 
 async def _open_source(state: AppState, meta: RequestMeta, start_timeout_s: float | None = None) -> EventSource:
     source = EventSource(
-        state.redis, state.keys.wire, meta.request_id, meta.result_stream, meta.n, start_timeout_s=start_timeout_s
+        state.redis,
+        state.hub,
+        state.keys.wire,
+        meta.request_id,
+        meta.result_stream,
+        meta.n,
+        start_timeout_s=start_timeout_s,
     )
     await source.open()
     return source

@@ -51,8 +51,8 @@ from bench.service_report import markdown
 MODEL = "Qwen3-0.6B"
 TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS = 20, 128, 16
 BATCH_WINDOW_MS = 1.0
-# NOTE: the API holds one Redis pub/sub connection per open stream; its pool (INFERQ_REDIS_MAX_CONNECTIONS,
-# default 4096) must exceed the concurrent streams. This bench found the old default of 100 answering 503.
+# NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
+# subscription is on the process's shared connection); a pool of redis-py's old default of 100 answered 503.
 API_REDIS_MAX_CONNECTIONS = 4 * NUM_SEQS + 64
 THROUGHPUT_GOAL, TTFT_GOAL_MS = 0.95, 5.0
 
