@@ -21,6 +21,9 @@ from api.tokens import TokenizerCache
 
 log = logging.getLogger("inferq.api")
 
+# Requests of one replica on the Redis part of the submit path at once (api/submit.py says why).
+SUBMIT_TURNS = 8
+
 
 @dataclass
 class AppState:
@@ -32,6 +35,7 @@ class AppState:
     tokenizers: TokenizerCache
     metrics: ApiMetrics
     hub: EventHub  # the process's one pub/sub connection, shared by every stream it relays
+    submit_turns: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SUBMIT_TURNS))
     # Tasks that outlive the request that started them (a cancel after the resume grace period).
     background: set[asyncio.Task] = field(default_factory=set)
 

@@ -131,20 +131,40 @@ async def submit(
     idempotency_key: str | None,
 ) -> Accepted:
     arrival = time.monotonic()
-    settings, redis = state.settings, state.redis
-    kind = CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION
-
     info, model_name = await state.models.require(body.model)
     check_token_ids(info, body)
-    prompt_tokens = await count_prompt_tokens(await state.tokenizers.get(redis), body)
-    budget = token_budget(info, settings, body, prompt_tokens)
+    prompt_tokens = await count_prompt_tokens(await state.tokenizers.get(state.redis), body)
+    budget = token_budget(info, state.settings, body, prompt_tokens)
+    # NOTE: a few requests at a time through the Redis part of the path (state.submit_turns). With
+    # every request of a burst on it at once, asyncio interleaves them step by step and the first
+    # XADD waits for every request's earlier steps; in turns the first ones reach the worker while
+    # the rest are still on their way, and the last XADD is no later (the work is the same).
+    async with state.submit_turns:
+        outcome = await _enqueue(state, caller, body, idempotency_key, model_name, prompt_tokens, budget.max_tokens)
+    if isinstance(outcome, str):  # an earlier request with this Idempotency-Key
+        return await _attach_existing(state, outcome)
+    outcome.observer = RequestObserver(state.metrics, model_name, arrival)
+    return outcome
 
+
+async def _enqueue(
+    state: AppState,
+    caller: Caller,
+    body: ChatCompletionRequest | CompletionRequest,
+    idempotency_key: str | None,
+    model_name: str,
+    prompt_tokens: int | None,
+    max_tokens: int,
+) -> Accepted | str:
+    """The new request, admitted and enqueued; or the id of the earlier request with this Idempotency-Key."""
+    settings, redis = state.settings, state.redis
+    kind = CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION
     claim = idempotency.make_claim(state.keys, caller.owner, idempotency_key, kind, body)
     if claim is not None and (earlier := await idempotency.lookup(redis, claim)) is not None:
-        return await _attach_existing(state, earlier)
+        return earlier
 
     queued_tokens = prompt_tokens if prompt_tokens is not None else 0
-    await state.admission.check_rate(caller.owner, queued_tokens + budget.max_tokens)
+    await state.admission.check_rate(caller.owner, queued_tokens + max_tokens)
     request_id = new_request_id(kind)
     await state.admission.admit(request_id, queued_tokens)
     source: EventSource | None = None
@@ -153,7 +173,7 @@ async def submit(
             winner = await idempotency.bind(redis, claim, request_id, settings.result_ttl_s)
             if winner is not None:
                 await state.admission.release(request_id)
-                return await _attach_existing(state, winner)
+                return winner
         meta = RequestMeta(
             request_id=request_id,
             owner=caller.owner,
@@ -172,7 +192,7 @@ async def submit(
         now = time.time()
         message = RequestMessage(
             id=request_id,
-            params=body.engine_params(budget.max_tokens, body.engine_logprobs()),
+            params=body.engine_params(max_tokens, body.engine_logprobs()),
             priority=body.priority,
             deadline=now + settings.queue_timeout_s,
             created=now,
@@ -192,4 +212,4 @@ async def submit(
             code="enqueue_failed",
             headers={"Retry-After": "1"},
         ) from exc
-    return Accepted(meta, source, is_new=True, observer=RequestObserver(state.metrics, model_name, arrival))
+    return Accepted(meta, source, is_new=True)
