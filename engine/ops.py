@@ -134,17 +134,19 @@ def rope_store_kv(
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> None:
     """Rotates q in place and writes rope(k), v [T, Hkv, D] into kv_cache [2, N, B, Hkv, D] at slot_mapping.
 
-    k itself is left unrotated: attention reads keys from the pool only.
+    k itself is left unrotated: attention reads keys from the pool only. qk_norm: (q_weight [D],
+    k_weight [D], eps) to RMSNorm each head of q and k before the rotation (Qwen3), in the same kernel.
     """
     if use_triton(q):
         from kernels.rope_store_kv import rope_store_kv as kernel
 
-        kernel(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping)
+        kernel(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping, qk_norm=qk_norm)
         return
-    rope_store_kv_ref(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping)
+    rope_store_kv_ref(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping, qk_norm=qk_norm)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -61,9 +61,10 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
-    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hook before the rotation (Qwen3 normalises each head here); identity for Llama."""
-        return q, k
+    def qk_norm(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """Hook: a per-head RMSNorm of q and k before the rotation, as (q_weight, k_weight, eps),
+        applied in the RoPE + KV store kernel (Qwen3); None for Llama."""
+        return None
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -72,9 +73,8 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q, k = self.normalize_qk(q, k)
         rotary = (positions, self.rotary_emb.cos_sin_cache)  # applied inside attn, fused with the KV store
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary))  # [T, Hq*D] -> [T, H]
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary, self.qk_norm()))  # [T, Hq*D] -> [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):

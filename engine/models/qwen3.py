@@ -23,10 +23,10 @@ class Qwen3Attention(LlamaAttention):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # NOTE: q and k are strided per-head views into the fused qkv output; the norm reads them
-        # as they are (a reshape first would copy: two extra kernels per layer, seen in the profile).
-        return self.q_norm(q), self.k_norm(k)  # new contiguous [T, Hq, D], [T, Hkv, D]
+    def qk_norm(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        # NOTE: normalized inside the RoPE + KV store kernel, in place in the fused qkv output: as
+        # modules of their own the two norms were two more kernels per layer, each writing a copy.
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -41,12 +41,15 @@ class PagedAttention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         """q [T, Hq*D] or [T, Hq, D]; k, v [T, Hkv*D] or [T, Hkv, D] -> [T, Hq*D].
 
         rotary: (positions [T], cos_sin_cache [P, D]) to apply RoPE to q and k here, fused
         with the store (one kernel instead of two per layer); None when q and k arrive
         rotated or the model has no rotary embedding (GPT-2).
+        qk_norm: (q_weight [D], k_weight [D], eps): RMSNorm each head of q and k before the
+        rotation, in the same kernel (Qwen3); only with rotary.
         NOTE: q, k, v may be views into a fused QKV output (last dim contiguous, row
         stride (Hq + 2 Hkv) * D); the ops accept that layout.
         """
@@ -55,9 +58,11 @@ class PagedAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if rotary is None:
+            if qk_norm is not None:
+                raise ValueError("qk_norm is applied with the rotation: pass rotary too")
             ops.store_kv(k, v, kv_cache, meta.slot_mapping)
         else:
             positions, cos_sin_cache = rotary
-            ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, meta.slot_mapping)
+            ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, meta.slot_mapping, qk_norm)
         out = ops.paged_attention(q, kv_cache, meta, self.scale)  # [T, Hq, D]
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
