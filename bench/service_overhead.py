@@ -65,6 +65,13 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-window-ms", type=float, default=BATCH_WINDOW_MS)
     parser.add_argument("--num-seqs", type=int, default=None, help="override the workload's sequence count")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the throughput workload this many times, at seeds 0, 1, ... (both engines stay warm; no prompt "
+        "is shared between seeds), and report the median of each path",
+    )
+    parser.add_argument(
         "--api-replicas", type=int, default=1, help="API processes (stateless replicas); clients spread over them"
     )
     parser.add_argument(
@@ -94,6 +101,27 @@ def _workloads(vocab_size: int, dry_run: bool, num_seqs: int | None = None) -> t
     return prompts, prompt_lens, output_lens, ttft_prompts
 
 
+def _repeat_seeds(repeats: int) -> list[int]:
+    """The throughput workload's seeds: 0 first (the one BENCHMARKS.md names), then others that
+    avoid the warm-up's and the TTFT prompts' seeds (1 to 3)."""
+    return [0] + [100 + i for i in range(1, repeats)]
+
+
+def _run_figures(seed: int, elapsed: float, prompt_lens: list[int], output_lens: list[int]) -> dict:
+    return {
+        "seed": seed,
+        "elapsed_s": elapsed,
+        "output_tok_s": sum(output_lens) / elapsed,
+        "total_tok_s": (sum(output_lens) + sum(prompt_lens)) / elapsed,
+    }
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median output throughput (the lower one of the middle two for an even count)."""
+    ranked = sorted(runs, key=lambda run: run["output_tok_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def _warm_engine(engine) -> None:
     """The warm-up of bench/offline_throughput.py: 8 short sequences (compiles the mixed-batch kernels)."""
     from bench.offline_throughput import run_workload
@@ -121,7 +149,12 @@ def _offline_child(args: argparse.Namespace) -> None:
     engine = build_engine(directory, device, args.dry_run)
     prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run, args.num_seqs)
     _warm_engine(engine)
-    elapsed = run_workload(engine, prompts, output_lens)
+    runs = [_run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
+    num, lo, hi = _shape(args.dry_run, args.num_seqs)[:3]
+    for seed in _repeat_seeds(args.repeats)[1:]:
+        more_prompts, more_prompt_lens, more_output_lens = workload(engine.vocab_size, num, lo, hi, seed=seed)
+        elapsed = run_workload(engine, more_prompts, more_output_lens)
+        runs.append(_run_figures(seed, elapsed, more_prompt_lens, more_output_lens))
     ttfts = []
     new_tokens = _shape(args.dry_run)[5]
     for i, prompt in enumerate(ttft_prompts):
@@ -133,11 +166,13 @@ def _offline_child(args: argparse.Namespace) -> None:
                 if first is None and out.new_token_ids:
                     first = time.perf_counter()
         ttfts.append((first - start) * 1000)
+    median = _median_run(runs)
     result = {
         "meta": environment(device),
-        "elapsed_s": elapsed,
-        "output_tok_s": sum(output_lens) / elapsed,
-        "total_tok_s": (sum(output_lens) + sum(prompt_lens)) / elapsed,
+        "elapsed_s": median["elapsed_s"],
+        "output_tok_s": median["output_tok_s"],
+        "total_tok_s": median["total_tok_s"],
+        "runs": runs,
         "ttft_ms": ttfts,
         "kv_pool_tokens": engine.stats().num_total_blocks * engine.stats().block_size,
     }
@@ -244,18 +279,26 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         worker.send_signal(signal.SIGUSR2)
         stop_profiler(profiler)
         worker_phases = read_when_written(phases_path, 10.0)
+        runs = [_run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
+        num, lo, hi = _shape(args.dry_run, args.num_seqs)[:3]
+        for seed in _repeat_seeds(args.repeats)[1:]:
+            more_prompts, more_prompt_lens, more_output_lens = workload(_vocab(directory), num, lo, hi, seed=seed)
+            more_rows, _, more_elapsed = run_clients(bases, list(zip(more_prompts, more_output_lens, strict=True)))
+            runs.append(_run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
         service.check()
     finally:
         service.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
         os.sched_setaffinity(0, all_cpus)
-    output_tokens = sum(r["output_tokens"] for r in rows)
     loaded_ttft = [(r["first"] - r["start"]) * 1000 for r in rows]
+    median = _median_run(runs)
+    # NOTE: the timeline, the CPU shares and the worker's phases are of the first (seed 0) run.
     return {
         "timeline_s": _timeline(rows, worker_phases),
-        "elapsed_s": elapsed,
-        "output_tok_s": output_tokens / elapsed,
-        "total_tok_s": (output_tokens + sum(prompt_lens)) / elapsed,
+        "elapsed_s": median["elapsed_s"],
+        "output_tok_s": median["output_tok_s"],
+        "total_tok_s": median["total_tok_s"],
+        "runs": runs,
         "ttft_ms": ttfts,
         "headers_ms": headers_ms,
         "headers_p50_ms": _percentile(headers_ms, 50),
@@ -302,10 +345,12 @@ def _result(args, offline: dict, service: dict, directory: Path) -> dict:
         "meta": offline.pop("meta"),
         "model": args.model,
         "workload": {"num_seqs": num, "min_len": lo, "max_len": hi, "seed": 0,
+                     "seeds": _repeat_seeds(args.repeats),
                      "max_num_seqs": NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                      "ttft_requests": ttft_n, "ttft_prompt_tokens": ttft_len, "ttft_new_tokens": ttft_new},
         "offline": offline,
         "service": service,
+        # medians of the repeats (with one run, that run); per seed in the runs' lists
         "throughput_frac_of_offline": service["output_tok_s"] / offline["output_tok_s"],
         "ttft_p50_ms": {"offline": off_p50, "service": svc_p50, "added": svc_p50 - off_p50},
         "goals": {"throughput_frac": THROUGHPUT_GOAL, "added_ttft_p50_ms": TTFT_GOAL_MS},
@@ -331,7 +376,8 @@ def main(argv=None) -> dict | None:
     if split is not None:
         os.sched_setaffinity(0, split[0])  # the offline engine gets the CPUs the worker will get
     subprocess.run([sys.executable, "-m", "bench.service_overhead", "--child", "offline", "--model-dir",
-                    str(directory), "--result", str(result_path), *flags], check=True)  # fmt: skip
+                    str(directory), "--result", str(result_path), "--repeats", str(args.repeats), *flags],
+                   check=True)  # fmt: skip
     os.sched_setaffinity(0, all_cpus)
     offline = json.loads(result_path.read_text())
     result_path.unlink()

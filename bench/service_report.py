@@ -38,6 +38,24 @@ def phases_line(phases: dict | None) -> str:
     )
 
 
+def repeats_line(r: dict) -> str:
+    """The repeated runs, when there were more than one."""
+    off_runs, svc_runs = r["offline"].get("runs", []), r["service"].get("runs", [])
+    if len(off_runs) < 2 or len(svc_runs) != len(off_runs):
+        return ""
+    pairs = "; ".join(
+        f"seed {o['seed']}: offline {o['output_tok_s']:,.0f}, service {s['output_tok_s']:,.0f} "
+        f"({s['output_tok_s'] / o['output_tok_s']:.1%})"
+        for o, s in zip(off_runs, svc_runs, strict=True)
+    )
+    return (
+        f"The throughput workload ran {len(off_runs)} times on each path, at seeds {[o['seed'] for o in off_runs]} "
+        "(the engines stay warm; no prompt is shared between seeds), output tok/s: "
+        f"{pairs}. The table gives each path's median run and the fraction of the medians; the CPU shares, the "
+        "worker's phases and the timeline are of the seed-0 run."
+    )
+
+
 def markdown(r: dict) -> str:
     from bench.report import table
 
@@ -87,6 +105,8 @@ def markdown(r: dict) -> str:
         "Under the full load the service's TTFT was "
         f"p50 {svc['loaded_ttft_p50_ms']:.0f} ms, p99 {svc['loaded_ttft_p99_ms']:.0f} ms. CPU used during the "
         f"throughput run, as a fraction of its wall time (1 = one core busy): {cpu}.",
+        "",
+        repeats_line(r),
         "",
         phases_line(svc.get("worker_phases")),
         "",
