@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 from engine.attention_metadata import AttentionMetadata
 from kernels.decode_attention import paged_decode_attention_ref
@@ -89,6 +90,32 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
         return kernel(x, weight, bias, eps)
     return layer_norm_ref(x, weight, bias, eps)
+
+
+# One-token projections with both dims at least this use kernels/gemv.py (see linear).
+GEMV_MIN_FEATURES = 4096
+
+
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether linear(x, weight) runs kernels/gemv.py: one token, on the Triton backend, and a weight
+    of at least GEMV_MIN_FEATURES in each dim."""
+    return x.dim() == 2 and x.shape[0] == 1 and min(weight.shape) >= GEMV_MIN_FEATURES and use_triton(x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, K] -> [T, N]: F.linear (cuBLAS), or kernels/gemv.py for one token and a large weight.
+
+    NOTE: dispatch by measurement (H100, batch-1 decode with CUDA graphs, session 6): with every
+    Llama-3.1-8B projection on the kernel the step went from 6.17 to 5.99 ms; with the 3.2-1B
+    shapes (K = 2048, or N = 2048 for its down projection) on it the step was 0.7-3% slower,
+    although each of them alone was as fast or faster than cuBLAS in bench/gemv_sweep.py: a
+    program there walks only 4 tiles of K, too few to hide its latency between kernels.
+    """
+    if uses_gemv(x, weight):
+        from kernels.gemv import gemv
+
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

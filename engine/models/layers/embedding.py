@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
+
 
 class VocabEmbedding(nn.Module):
     """Token id -> row of a [V, H] table."""
@@ -41,4 +43,4 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()  # [S, H] -> [S, V]
+        return ops.linear(hidden, self.weight).float()  # [S, H] -> [S, V]

@@ -11,8 +11,9 @@ ranges ("shards") at load time.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from engine import ops
 
 
 class Linear(nn.Module):
@@ -32,7 +33,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # [T, I] -> [T, O]
+        return ops.linear(x, self.weight, self.bias)  # [T, I] -> [T, O]
 
 
 class FusedLinear(Linear):

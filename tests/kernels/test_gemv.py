@@ -1,0 +1,83 @@
+"""The one-token projection kernel against F.linear in fp32 math: odd sizes that cross the row and
+column tiles, a bias, bad input refused, and the engine's dispatch (engine.ops)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ops
+from kernels.gemv import gemv, gemv_ref
+
+ON_GPU = torch.cuda.is_available()
+# (N out, K in): a single output, sizes off the 4-row / 512-column tiles, K below one tile
+SHAPES = [(1, 8), (37, 300), (130, 513), (64, 1100)]
+if ON_GPU:  # the Llama-3.1-8B / 3.2-1B projections at one token, lm_head included
+    SHAPES += [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 2048), (2048, 8192)]
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+]
+
+
+def _tolerance(dtype: torch.dtype, reference: torch.Tensor, num_in: int) -> dict:
+    """fp32: the sum in another order; 16-bit: one rounding of the output (the interpreter truncates)."""
+    scale = float(reference.abs().max())
+    if dtype == torch.float32:
+        return dict(atol=1e-6 * num_in**0.5 * max(scale, 1.0), rtol=1e-5)
+    return dict(atol=2 * torch.finfo(dtype).eps * scale, rtol=2 * torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gemv_matches_linear(shape, with_bias, dtype, device):
+    num_out, num_in = shape
+    x = torch.randn(1, num_in, device=device).to(dtype)
+    weight = (torch.randn(num_out, num_in, device=device) / num_in**0.5).to(dtype)
+    bias = torch.randn(num_out, device=device).to(dtype) if with_bias else None
+    # the reference in fp32 from the same rounded inputs
+    expected = gemv_ref(x.float(), weight.float(), bias.float() if bias is not None else None)
+    got = gemv(x, weight, bias)
+    assert got.shape == (1, num_out) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, **_tolerance(dtype, expected, num_in))
+
+
+def test_gemv_refuses_what_it_does_not_do(device):
+    weight = torch.randn(8, 16, device=device)
+    with pytest.raises(ValueError, match="single token"):
+        gemv(torch.randn(2, 16, device=device), weight)
+    with pytest.raises(ValueError, match="needs K"):
+        gemv(torch.randn(1, 12, device=device), weight)
+    with pytest.raises(ValueError, match="dtype"):
+        gemv(torch.randn(1, 16, device=device), weight.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bias"):
+        gemv(torch.randn(1, 16, device=device), weight, torch.randn(9, device=device))
+
+
+def test_ops_dispatch_one_token_and_large_weights_to_the_kernel(device):
+    big = torch.empty(ops.GEMV_MIN_FEATURES, ops.GEMV_MIN_FEATURES, device=device)
+    narrow = torch.empty(ops.GEMV_MIN_FEATURES // 2, ops.GEMV_MIN_FEATURES, device=device)
+    one = torch.empty(1, ops.GEMV_MIN_FEATURES, device=device)
+    three = torch.empty(3, ops.GEMV_MIN_FEATURES, device=device)
+    with ops.kernel_backend("triton"):
+        assert ops.uses_gemv(one, big)
+        assert not ops.uses_gemv(three, big)  # a matmul: cuBLAS
+        assert not ops.uses_gemv(one, narrow)  # measured slower in the engine at these sizes
+    with ops.kernel_backend("torch"):
+        assert not ops.uses_gemv(one, big)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_ops_linear_agrees_across_backends(num_tokens, device, monkeypatch):
+    """engine.ops.linear through the kernel (threshold lowered to these small sizes) and through F.linear."""
+    monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 32)
+    x = torch.randn(num_tokens, 96, device=device)
+    weight, bias = torch.randn(40, 96, device=device) / 10, torch.randn(40, device=device)
+    with ops.kernel_backend("triton"):
+        assert ops.uses_gemv(x, weight) == (num_tokens == 1)
+        fast = ops.linear(x, weight, bias)
+    with ops.kernel_backend("torch"):
+        slow = ops.linear(x, weight, bias)
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
