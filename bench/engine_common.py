@@ -37,6 +37,17 @@ def async_scheduling_setting() -> bool | None:
     raise SystemExit(f"INFERQ_ASYNC_SCHEDULING must be true or false, got {value!r}")
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def environment(device: torch.device) -> dict:
     import transformers
     import triton
@@ -49,6 +60,9 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "device": str(device),
         "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
+        # The host: the service's figures swing with it (bench/results/h100/service_history.md).
+        "cpu": _cpu_model(),
+        "cpus": len(os.sched_getaffinity(0)),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -72,7 +72,8 @@ def markdown(r: dict) -> str:
         "# inferq service overhead",
         "",
         f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
-        f"transformers {meta['transformers']} · python {meta['python']}",
+        f"transformers {meta['transformers']} · python {meta['python']}"
+        + (f" · host {meta['cpu']}, {meta['cpus']} CPUs" if "cpu" in meta else ""),
         "",
         f"{r['model']} shape, random bf16 weights. Throughput: seed 0, {w['num_seqs']} sequences, prompt and output "
         f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
