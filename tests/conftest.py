@@ -31,6 +31,18 @@ import pytest  # noqa: E402
 from tests.engine.checkpoints import ARCHITECTURES, build_tiny_checkpoint  # noqa: E402
 from tests.redis_server import make_redis_fixture  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _restore_kernel_backend():
+    """An engine sets the process-wide kernel backend from its config (engine.ops); a test that
+    builds one with kernels="triton" must not leave the next tests on the interpreter."""
+    from engine import ops
+
+    previous = ops.get_kernel_backend()
+    yield
+    ops.set_kernel_backend(previous)
+
+
 # One private redis-server (AOF on) per session; tests keep apart by key prefix and never
 # touch a Redis they did not start.
 redis_server = make_redis_fixture(scope="session", appendonly=True)
