@@ -15,12 +15,11 @@ from fastapi.responses import Response
 from api import attachments
 from api.auth import AuthorizedCaller, Caller
 from api.errors import ApiError, bad_request
-from api.events import EventSource
 from api.request_meta import RequestMeta, load_meta
 from api.responses import CancelResult, error_responses
 from api.state import AppState, app_state
 from api.streaming import relay, sse_response
-from api.submit import START_SLACK_S
+from api.submit import START_SLACK_S, open_source
 from worker.protocol import MAX_REQUEST_ID_CHARS
 
 router = APIRouter()
@@ -74,16 +73,7 @@ async def resume_stream(
     meta = await _owned(state, request_id, caller)
     # A request that never started gives up at the same time as on the replica that admitted it.
     start_left = meta.created + state.settings.queue_timeout_s + START_SLACK_S - time.time()
-    source = EventSource(
-        state.redis,
-        state.hub,
-        state.keys.wire,
-        meta.request_id,
-        meta.result_stream,
-        meta.n,
-        start_timeout_s=max(0.0, start_left),
-    )
-    await source.open()
+    source = await open_source(state, meta, start_timeout_s=max(0.0, start_left))
     return sse_response(state, meta, relay(state, meta, source, resume_after=after))
 
 

@@ -80,7 +80,8 @@ def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
     return {"prompt_token_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
 
 
-async def _open_source(state: AppState, meta: RequestMeta, start_timeout_s: float | None = None) -> EventSource:
+async def open_source(state: AppState, meta: RequestMeta, start_timeout_s: float | None = None) -> EventSource:
+    """The request's events, subscribed (on the process's shared pub/sub connection) and ready to read."""
     source = EventSource(
         state.redis,
         state.hub,
@@ -99,7 +100,7 @@ async def _attach_existing(state: AppState, request_id: str) -> Accepted:
     for _ in range(20):
         meta = await load_meta(state.redis, state.keys, request_id)
         if meta is not None:
-            return Accepted(meta, await _open_source(state, meta), is_new=False)
+            return Accepted(meta, await open_source(state, meta), is_new=False)
         await asyncio.sleep(0.05)
     raise ApiError(
         409,
@@ -188,7 +189,7 @@ async def _enqueue(
         )
         await save_meta(redis, state.keys, meta, settings.result_ttl_s)
         # The worker drops the request at its deadline; the slack covers a worker that died holding it.
-        source = await _open_source(state, meta, start_timeout_s=settings.queue_timeout_s + START_SLACK_S)
+        source = await open_source(state, meta, start_timeout_s=settings.queue_timeout_s + START_SLACK_S)
         now = time.time()
         message = RequestMessage(
             id=request_id,
