@@ -108,8 +108,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     NOTE: dispatch by measurement (H100, batch-1 decode with CUDA graphs, session 6): with every
     Llama-3.1-8B projection on the kernel the step went from 6.17 to 5.99 ms; with the 3.2-1B
     shapes (K = 2048, or N = 2048 for its down projection) on it the step was 0.7-3% slower,
-    although each of them alone was as fast or faster than cuBLAS in bench/gemv_sweep.py: a
-    program there walks only 4 tiles of K, too few to hide its latency between kernels.
+    although each of them alone was as fast or faster than cuBLAS in bench/gemv_sweep.py. Why
+    was not profiled; a guess is that short programs (4 tiles of K at K = 2048) hide their start-up
+    latency worse between back-to-back kernels than in the sweep's runs of one shape.
     """
     if uses_gemv(x, weight):
         from kernels.gemv import gemv
