@@ -62,7 +62,8 @@ def environment(device: torch.device) -> dict:
         "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
         # The host: the service's figures swing with it (bench/results/h100/service_history.md).
         "cpu": _cpu_model(),
-        "cpus": len(os.sched_getaffinity(0)),
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),  # fewer when pinned (--isolate-worker)
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -74,6 +74,7 @@ def markdown(r: dict) -> str:
         f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
         f"transformers {meta['transformers']} · python {meta['python']}"
         + (f" · host {meta['cpu']}, {meta['cpus']} CPUs" if "cpu" in meta else ""),
+        # NOTE: meta comes from the offline engine's process, pinned with --isolate-worker (cpus_usable).
         "",
         f"{r['model']} shape, random bf16 weights. Throughput: seed 0, {w['num_seqs']} sequences, prompt and output "
         f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
