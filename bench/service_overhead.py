@@ -107,6 +107,12 @@ def _repeat_seeds(repeats: int) -> list[int]:
     return [0] + [100 + i for i in range(1, repeats)]
 
 
+def _more_workloads(vocab_size: int, args: argparse.Namespace) -> list[tuple[int, list, list, list]]:
+    """(seed, prompts, prompt lengths, output lengths) of the repeats after seed 0's run."""
+    num, lo, hi = _shape(args.dry_run, args.num_seqs)[:3]
+    return [(seed, *workload(vocab_size, num, lo, hi, seed=seed)) for seed in _repeat_seeds(args.repeats)[1:]]
+
+
 def _run_figures(seed: int, elapsed: float, prompt_lens: list[int], output_lens: list[int]) -> dict:
     return {
         "seed": seed,
@@ -150,9 +156,7 @@ def _offline_child(args: argparse.Namespace) -> None:
     prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run, args.num_seqs)
     _warm_engine(engine)
     runs = [_run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
-    num, lo, hi = _shape(args.dry_run, args.num_seqs)[:3]
-    for seed in _repeat_seeds(args.repeats)[1:]:
-        more_prompts, more_prompt_lens, more_output_lens = workload(engine.vocab_size, num, lo, hi, seed=seed)
+    for seed, more_prompts, more_prompt_lens, more_output_lens in _more_workloads(engine.vocab_size, args):
         elapsed = run_workload(engine, more_prompts, more_output_lens)
         runs.append(_run_figures(seed, elapsed, more_prompt_lens, more_output_lens))
     ttfts = []
@@ -280,9 +284,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         stop_profiler(profiler)
         worker_phases = read_when_written(phases_path, 10.0)
         runs = [_run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
-        num, lo, hi = _shape(args.dry_run, args.num_seqs)[:3]
-        for seed in _repeat_seeds(args.repeats)[1:]:
-            more_prompts, more_prompt_lens, more_output_lens = workload(_vocab(directory), num, lo, hi, seed=seed)
+        for seed, more_prompts, more_prompt_lens, more_output_lens in _more_workloads(_vocab(directory), args):
             more_rows, _, more_elapsed = run_clients(bases, list(zip(more_prompts, more_output_lens, strict=True)))
             runs.append(_run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
         service.check()

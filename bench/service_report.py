@@ -7,6 +7,15 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _host(meta: dict) -> str:
+    """The host's CPU; meta comes from the offline engine's process, which --isolate-worker pins."""
+    if "cpu" not in meta:
+        return ""
+    usable = meta.get("cpus_usable", meta["cpus"])
+    pinned = f", the engines pinned to {usable}" if usable < meta["cpus"] else ""
+    return f" · host {meta['cpu']}, {meta['cpus']} CPUs{pinned}"
+
+
 def timeline_line(timeline: dict | None) -> str:
     if not timeline:
         return "No timeline of the throughput run (a worker without step times)."
@@ -73,8 +82,7 @@ def markdown(r: dict) -> str:
         "",
         f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · "
         f"transformers {meta['transformers']} · python {meta['python']}"
-        + (f" · host {meta['cpu']}, {meta['cpus']} CPUs" if "cpu" in meta else ""),
-        # NOTE: meta comes from the offline engine's process, pinned with --isolate-worker (cpus_usable).
+        + _host(meta),
         "",
         f"{r['model']} shape, random bf16 weights. Throughput: seed 0, {w['num_seqs']} sequences, prompt and output "
         f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "

@@ -42,7 +42,6 @@ from kernels.rope import (
     load_cos_sin,
     rope_cos_sin_ref,
     rope_tiles,
-    rotate_heads_in_place,
     rotate_ref,
     rotate_tile,
 )
@@ -112,19 +111,15 @@ def _rope_store_kv_kernel(
     cos, sin = load_cos_sin(pos_ptr, cos_sin_ptr, t, num_tokens, stride_cos_sin, HALF, BLOCK_HALF)
     d = tl.arange(0, BLOCK_HALF)[None, None, :]
     tok = t[:, None, None]
-    if HAS_QK_NORM:
-        for h0 in range(0, num_q_heads, BLOCK_H):
-            h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
-            mask = (tok < num_tokens) & (h < num_q_heads) & (d < HALF)
-            q1_ptr = q_ptr + tok * stride_qt + h * stride_qh + d
-            q1, q2 = _load_head_halves(q1_ptr, mask, q_norm_ptr, norm_eps, True, HALF, BLOCK_HALF)
-            out1, out2 = rotate_tile(q1, q2, cos, sin)
-            tl.store(q1_ptr, out1.to(q_ptr.dtype.element_ty), mask=mask)
-            tl.store(q1_ptr + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
-    else:
-        rotate_heads_in_place(
-            q_ptr, t, num_tokens, num_q_heads, stride_qt, stride_qh, cos, sin, HALF, BLOCK_HALF, BLOCK_H
-        )
+    # q in place: rope.py's rotate_heads_in_place, with the heads normalized on load when HAS_QK_NORM
+    for h0 in range(0, num_q_heads, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+        mask = (tok < num_tokens) & (h < num_q_heads) & (d < HALF)
+        q1_ptr = q_ptr + tok * stride_qt + h * stride_qh + d
+        q1, q2 = _load_head_halves(q1_ptr, mask, q_norm_ptr, norm_eps, HAS_QK_NORM, HALF, BLOCK_HALF)
+        out1, out2 = rotate_tile(q1, q2, cos, sin)
+        tl.store(q1_ptr, out1.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(q1_ptr + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
 
     for h0 in range(0, num_kv_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]

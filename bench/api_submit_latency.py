@@ -1,0 +1,124 @@
+"""The API's own share of time to first token, without a worker or a GPU: how long `python -m api`
+takes to answer a streaming completion with its headers (request validated, admitted, subscribed
+to and queued in Redis), one request at a time and as a burst on one process.
+
+    python -m bench.api_submit_latency                      # this tree
+    python -m bench.api_submit_latency --tree /tmp/old      # another checkout's api/, same venv
+
+A private redis-server holds a fake model record (no worker runs: the streams are closed right
+after their headers). Prints and writes api_submit_latency.json into $OUT. The figures are the
+machine's: on the 2-core dev box the clients, the API and Redis share two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+from bench.service_processes import free_port
+from worker.protocol import Keys, ModelInfo
+
+MODEL = "bench"
+BODY = {"model": MODEL, "prompt": list(range(1, 129)), "max_tokens": 16, "stream": True}
+
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="checkout whose api/ runs")
+    parser.add_argument("--sequential", type=int, default=150, help="requests one at a time")
+    parser.add_argument("--burst", type=int, default=64, help="requests sent at once")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    return parser.parse_args(argv)
+
+
+async def _headers_ms(client: httpx.AsyncClient) -> tuple[float, float]:
+    """(ms to the headers, perf_counter at the headers) of one streaming request."""
+    start = time.perf_counter()
+    async with client.stream("POST", "/v1/completions", json=BODY) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+        at = time.perf_counter()
+    return (at - start) * 1000, at
+
+
+async def _measure(base: str, sequential: int, burst: int) -> dict:
+    limits = httpx.Limits(max_connections=burst + 4, max_keepalive_connections=burst + 4)
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+        for _ in range(10):  # warm-up: connections, the API's caches
+            await _headers_ms(client)
+        one_at_a_time = sorted([(await _headers_ms(client))[0] for _ in range(sequential)])
+        sent = time.perf_counter()
+        answered = sorted(at - sent for _, at in await asyncio.gather(*(_headers_ms(client) for _ in range(burst))))
+    return {
+        "sequential_headers_ms": {"p10": one_at_a_time[len(one_at_a_time) // 10],
+                                  "p50": statistics.median(one_at_a_time),
+                                  "p90": one_at_a_time[9 * len(one_at_a_time) // 10]},
+        "burst": burst,
+        "burst_headers_ms": {"first": answered[0] * 1000, "median": statistics.median(answered) * 1000,
+                             "last": answered[-1] * 1000},
+    }  # fmt: skip
+
+
+def main(argv=None) -> dict:
+    args = _parse_args(argv)
+    binary = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
+    if not binary:
+        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
+    redis_port, api_port = free_port(), free_port()
+    data_dir = tempfile.mkdtemp(prefix="inferq-api-bench-")
+    server = subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", data_dir,
+                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)  # fmt: skip
+    api = None
+    try:
+        client = redis.Redis(port=redis_port)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        info = ModelInfo(model=MODEL, max_model_len=4096, vocab_size=1000, eos_token_ids=[0])
+        client.set(Keys("inferq").model, info.to_json())
+        env = {**os.environ, "INFERQ_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "INFERQ_HOST": "127.0.0.1",
+               "INFERQ_PORT": str(api_port), "INFERQ_MAX_QUEUED_REQUESTS": "100000"}  # fmt: skip
+        api = subprocess.Popen([sys.executable, "-m", "api"], cwd=args.tree, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        base = f"http://127.0.0.1:{api_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{base}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or api.poll() is not None:
+                    raise SystemExit("the API did not start") from None
+                time.sleep(0.1)
+        result = {"tree": args.tree, "cpus": os.cpu_count(), **asyncio.run(_measure(base, args.sequential, args.burst))}
+    finally:
+        if api is not None:
+            api.terminate()
+            api.wait(20)
+        server.terminate()
+        server.wait(20)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "api_submit_latency.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
