@@ -92,14 +92,18 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return layer_norm_ref(x, weight, bias, eps)
 
 
-# One-token projections with both dims at least this use kernels/gemv.py (see linear).
-GEMV_MIN_FEATURES = 4096
+# The one-token dispatch, each figure from an engine A/B of batch-1 decode (H100, session 7; see linear
+# and rms_norm_linear). Module-level so that a benchmark can move them (bench/decode_latency.py flags).
+GEMV_MIN_FEATURES = 4096  # projections with both dims at least this: kernels/gemv.py
+NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
+SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden size K is at most this
 
 
-def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether linear(x, weight) runs kernels/gemv.py: one token, on the Triton backend, and a weight
-    of at least GEMV_MIN_FEATURES in each dim."""
-    return x.dim() == 2 and x.shape[0] == 1 and min(weight.shape) >= GEMV_MIN_FEATURES and use_triton(x)
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor, min_features: int | None = None) -> bool:
+    """Whether a one-token kernel takes x @ weight^T: one token, on the Triton backend, and a weight
+    of at least min_features (default GEMV_MIN_FEATURES) in each dim."""
+    least = GEMV_MIN_FEATURES if min_features is None else min_features
+    return x.dim() == 2 and x.shape[0] == 1 and min(weight.shape) >= least and use_triton(x)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,6 +121,46 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    swiglu: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm and the projection after it: (linear(rms_norm(x + residual)), x + residual) [T, K]
+    -> ([T, N], [T, K]); with swiglu the projection is gate|up and its output silu(gate) * up [T, N/2].
+    Without a residual the norm reads x alone and x is the residual returned.
+
+    NOTE: at one token and a weight of at least NORM_GEMV_MIN_FEATURES the norm and the residual
+    add run inside the projection (kernels/rms_norm_gemv.py), and the SwiGLU too up to a hidden size
+    of SWIGLU_GEMV_MAX_FEATURES: two or three kernels a decoder layer fewer at batch-1 decode.
+    Elsewhere these are the separate kernels (or references) of the unfused layer. Measured (H100,
+    batch-1 decode GPU step, same machine against the unfused layers; bench/results/h100/
+    decode_ab_session7.md): Llama-3.2-1B 1.32 -> 1.24-1.29 ms with SwiGLU inside (apart: 1.26,
+    within the runs' spread); Llama-3.1-8B 5.96 -> 5.88-5.89 ms with SwiGLU as its own kernel,
+    where inside it was slower (5.92-5.95: in the tile sweep the two-row-set weight stream ran at
+    91% of read bandwidth against the plain projection's 95%, more than the 1.6 us SiLU-and-mul
+    kernel it saves).
+    """
+    if uses_gemv(x, weight, NORM_GEMV_MIN_FEATURES):
+        from kernels.rms_norm_gemv import rms_norm_gemv
+
+        if not swiglu or x.shape[1] <= SWIGLU_GEMV_MAX_FEATURES:
+            return rms_norm_gemv(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu)
+        y, residual = rms_norm_gemv(x, residual, norm_weight, eps, weight, bias)
+        return silu_and_mul(y), residual
+    if residual is None:
+        normed, residual = rms_norm(x, norm_weight, eps), x
+    else:
+        normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+    y = linear(normed, weight, bias)
+    return (silu_and_mul(y) if swiglu else y), residual
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -67,18 +67,31 @@ class LlamaAttention(nn.Module):
         return None
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: RMSNorm,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pre-normed attention block: (o_proj(attn(qkv_proj(norm(hidden + residual)))), hidden + residual).
+
+        The norm and the qkv projection are one op (RMSNorm.project): one kernel at one token.
+        """
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+        qkv, residual = norm.project(hidden, residual, self.qkv_proj)  # [T, (Hq + 2 Hkv) * D], [T, H]
+        q, k, v = self.qkv_proj.split(qkv)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         rotary = (positions, self.rotary_emb.cos_sin_cache)  # applied inside attn, fused with the KV store
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary, self.qk_norm()))  # [T, Hq*D] -> [T, H]
+        out = self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary, self.qk_norm()))  # [T, Hq*D] -> [T, H]
+        return out, residual
 
 
 class LlamaDecoderLayer(nn.Module):
-    """x += attn(norm(x)); x += mlp(norm(x)), with the residual add fused into each norm."""
+    """x += attn(norm(x)); x += mlp(norm(x)), with the residual add fused into each norm and each
+    norm into the projection after it (one kernel at one token: engine.ops.rms_norm_linear)."""
 
     def __init__(self, config: Any, attention: nn.Module) -> None:
         super().__init__()
@@ -96,14 +109,8 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's output not yet added, residual stream before it), both [T, H]."""
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden, residual = self.self_attn(positions, hidden, residual, self.input_layernorm, kv_cache, meta)
+        return self.mlp(hidden, residual, self.post_attention_layernorm)
 
 
 class LlamaModel(nn.Module):

@@ -1,4 +1,4 @@
-"""The gated (SwiGLU) MLP of Llama-like models: down(silu(gate(x)) * up(x)).
+"""The gated (SwiGLU) MLP of Llama-like models, after its pre-norm: down(silu(gate(n)) * up(n)), n = norm(x).
 
 Legend: T = tokens, H = hidden, I = intermediate size.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import ops
 from engine.models.layers.linear import Linear, gate_up_linear
+from engine.models.layers.norm import RMSNorm
 
 
 class GatedMLP(nn.Module):
@@ -20,6 +20,13 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = gate_up_linear(hidden_size, intermediate_size, bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2I]
-        return self.down_proj(ops.silu_and_mul(gate_up))  # [T, I] -> [T, H]
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pre-normed MLP: x, residual [T, H] -> (down(swiglu(gate_up(norm(x + residual)))), x + residual).
+
+        The norm, the gate|up projection and SiLU-and-mul are one op (RMSNorm.project): one kernel
+        at one token.
+        """
+        act, residual = norm.project(x, residual, self.gate_up_proj, swiglu=True)  # [T, I], [T, H]
+        return self.down_proj(act), residual  # [T, I] -> [T, H]

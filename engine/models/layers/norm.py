@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from engine import ops
+from engine.models.layers.linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -27,6 +28,16 @@ class RMSNorm(nn.Module):
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def project(
+        self, x: torch.Tensor, residual: torch.Tensor | None, proj: Linear, *, swiglu: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(proj(norm(x + residual)), x + residual); silu(gate) * up of a gate|up proj with swiglu.
+
+        The norm of a pre-norm block and the projection that reads it, as one op: at one token
+        they run as one kernel (engine.ops.rms_norm_linear), elsewhere as the norm and a matmul.
+        """
+        return ops.rms_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias, swiglu=swiglu)
 
 
 class LayerNorm(nn.Module):

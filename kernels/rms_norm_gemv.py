@@ -1,0 +1,187 @@
+"""RMSNorm (after the residual add) fused into the one-token projection that reads it, with an
+optional SwiGLU (SiLU-and-mul) on the projection's output: a pre-norm decoder layer's
+norm -> qkv and norm -> gate|up -> silu * up, each in one kernel at batch-1 decode.
+
+Legend: K = hidden size (input features), N = output rows of the weight, I = N / 2 (SwiGLU).
+    h = x + residual, rounded to x's dtype (the new residual stream; h = x without a residual)
+    rstd = 1 / sqrt(mean(h^2) + eps)
+    y = (h * rstd * g) W^T (+ bias)                                  -> [1, N]
+    SwiGLU (W = [W_gate; W_up], [2I, K]): y = silu(y[:I]) * y[I:]    -> [1, I]
+Math: rstd is a scalar, so it factors out of every dot product:
+    y_n = rstd * sum_k W[n, k] h_k g_k
+Each program therefore accumulates the products and sum_k h_k^2 in the same pass over K and
+scales once at the end: no pre-pass over h, no normalized copy in memory. fp32 sums, one
+rounding of the output to x's dtype.
+
+Precision contract: the fp32 math of rms_norm_ref -> F.linear (-> silu_and_mul_ref) on the same
+rounded h, within the summation-order tolerance and one rounding of the output. The unfused
+path also rounds the normalized input (and the gate|up output) to x's dtype, which this kernel
+does not: against it, 16-bit results differ by about one rounding of those intermediates.
+
+Why: at one token each RMSNorm and the SiLU-and-mul are tiny kernels (~2.5 us each, mostly
+launch and first-load latency) between weight-streaming projections; folding them into the
+projections removes up to three kernels a layer and their intermediate writes (the engine keeps
+SwiGLU apart above a hidden size of 2048, where it measured slower inside: engine/ops.py).
+
+Kernel: as kernels/gemv.py (each program owns BLOCK_N output rows, walks K in BLOCK_K chunks,
+reduces a [BLOCK_N, BLOCK_K] fp32 tile once at the end). Every program reads all of h (and g)
+anyway, so each computes the sum of squares itself; program 0 alone writes the new residual.
+With SwiGLU a program owns BLOCK_N gate rows and the BLOCK_N up rows I below them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels._launch import check_device, check_float, check_last_dim_contiguous
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.silu_and_mul import silu_and_mul_ref
+
+# Tiles: 8 rows a program (with SwiGLU 8 gate + 8 up rows), 512 columns a step, 4 warps. The sweep
+# (bench/fused_gemv_sweep.py, each shape alone) had 4 warps win every shape; the row count was chosen
+# in the engine (bench/decode_latency.py --tiles, H100 8B batch-1 step): 2 / 8 / 16 rows gave
+# 6.03 / 5.94 / 5.92 ms, although 2 rows led the sweep for the qkv shape alone (21.0 vs 21.5 us).
+# Module-level so that a benchmark can try others in the engine.
+TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
+SWIGLU_TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
+TILE_KEYS = tuple(TILES)
+
+
+@triton.jit
+def _rms_norm_gemv_kernel(
+    x_ptr,  # [1, K] the layer's input before the norm
+    res_ptr,  # [1, K] the residual stream (read only when HAS_RESIDUAL)
+    norm_w_ptr,  # [K] the RMSNorm weight g
+    w_ptr,  # [N, K] (SwiGLU: [2I, K], gate rows then up rows)
+    bias_ptr,  # [N] (read only when HAS_BIAS)
+    y_ptr,  # [1, N] (SwiGLU: [1, I])
+    new_res_ptr,  # [1, K] h = x + residual (written by program 0 only when HAS_RESIDUAL)
+    num_rows,  # N (SwiGLU: I), the output rows
+    K,
+    stride_wn,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < num_rows
+    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # gate rows under SwiGLU
+    if SWIGLU:
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        up_rows = w_ptr + (n[:, None] + num_rows).to(tl.int64) * stride_wn
+    sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = k < K
+        h = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            # NOTE: the sum is rounded to the activation dtype before it is normalized, as the
+            # unfused model stores it (and kernels/rms_norm.py's fused add does).
+            summed = (h + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(new_res_ptr.dtype.element_ty)
+            tl.store(new_res_ptr + k, summed, mask=k_mask & (pid == 0))
+            h = summed.to(tl.float32)
+        sum_sq += h * h
+        hg = h * tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        wk_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_rows + k[None, :], mask=wk_mask, other=0.0)
+        acc += w.to(tl.float32) * hg[None, :]
+        if SWIGLU:
+            w_up = tl.load(up_rows + k[None, :], mask=wk_mask, other=0.0)
+            acc_up += w_up.to(tl.float32) * hg[None, :]
+    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
+    y = tl.sum(acc, axis=1) * rstd
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        up = tl.sum(acc_up, axis=1) * rstd
+        if HAS_BIAS:
+            up += tl.load(bias_ptr + num_rows + n, mask=n_mask, other=0.0).to(tl.float32)
+        y = y / (1.0 + tl.exp(-y)) * up
+    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _check(x, residual, norm_weight, weight, bias, swiglu: bool) -> None:
+    tensors = [x, norm_weight, weight] + [t for t in (residual, bias) if t is not None]
+    check_device(_rms_norm_gemv_kernel, "x, residual, norm_weight, weight and bias", *tensors)
+    check_float("x", x)
+    check_float("norm_weight", norm_weight)
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"x must be one row [1, K], got {tuple(x.shape)}: rms_norm_gemv is for a single token")
+    num_in = x.shape[1]
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"residual must match x {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}"
+        )
+    if norm_weight.shape != (num_in,) or not norm_weight.is_contiguous():
+        raise ValueError(f"norm_weight must be a contiguous [{num_in}] tensor, got {tuple(norm_weight.shape)}")
+    if weight.dim() != 2 or weight.dtype != x.dtype:
+        raise ValueError(f"weight must be [N, K] of x's dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+    if weight.shape[1] != num_in:
+        raise ValueError(f"x has {num_in} features, the weight [N, K={weight.shape[1]}] needs K")
+    if swiglu and weight.shape[0] % 2:
+        raise ValueError(f"swiglu needs an even number of weight rows (gate | up), got {weight.shape[0]}")
+    num_out = weight.shape[0]
+    if bias is not None and (bias.shape != (num_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous [{num_out}] tensor of x's dtype, got {tuple(bias.shape)}")
+    for name, t in (("x", x), ("residual", residual), ("weight", weight)):
+        if t is not None:
+            check_last_dim_contiguous(name, t)
+
+
+def rms_norm_gemv(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    swiglu: bool = False,
+    tiles: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, h): y = rms_norm(h) weight^T (+ bias) [1, N] (silu(gate) * up, [1, N/2], with swiglu);
+    h = x + residual as a new tensor, or x itself when residual is None.
+
+    tiles overrides BLOCK_N, BLOCK_K, num_warps or num_stages (benchmark sweeps).
+    """
+    _check(x, residual, norm_weight, weight, bias, swiglu)
+    unknown = set(tiles or {}) - set(TILE_KEYS)
+    if unknown:
+        raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
+    config = {**(SWIGLU_TILES if swiglu else TILES), **(tiles or {})}
+    num_rows = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    y = torch.empty(1, num_rows, device=x.device, dtype=x.dtype)
+    new_residual = torch.empty_like(x) if residual is not None else x
+    _rms_norm_gemv_kernel[(triton.cdiv(num_rows, config["BLOCK_N"]),)](
+        x, residual if residual is not None else x, norm_weight, weight, bias if bias is not None else weight,
+        y, new_residual, num_rows, x.shape[1], weight.stride(0), float(eps),
+        HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu, **config,
+    )  # fmt: skip
+    return y, new_residual
+
+
+def rms_norm_gemv_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    swiglu: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unfused layer: (fused-add) RMSNorm, F.linear, SiLU-and-mul, each rounded to x's dtype."""
+    if residual is None:
+        normed, new_residual = rms_norm_ref(x, norm_weight, eps), x
+    else:
+        normed, new_residual = fused_add_rms_norm_ref(x, residual, norm_weight, eps)
+    y = F.linear(normed, weight, bias)
+    return (silu_and_mul_ref(y) if swiglu else y), new_residual

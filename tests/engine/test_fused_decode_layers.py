@@ -1,0 +1,74 @@
+"""Batch-1 decode with every one-token projection on the GEMV kernels and the pre-norms, residual adds
+and SwiGLU fused into them (engine.ops.rms_norm_linear, kernels/rms_norm_gemv.py), against the engine
+on the torch references: the same greedy tokens.
+
+The dispatch thresholds (engine.ops.GEMV_MIN_FEATURES, NORM_GEMV_MIN_FEATURES) are lowered to the
+tiny checkpoints' sizes, so that their projections take the path the Llama-3.1-8B shape takes. On
+the CPU the kernels run in Triton's interpreter, eagerly; on a GPU for real, through the batch-1
+CUDA graph with async scheduling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels.rms_norm_gemv
+from engine import ops
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.engine.engine_helpers import make_engine, random_prompts, run_staggered
+from tests.engine.gpu_checkpoints import tiny_checkpoint_factory
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    return tiny_checkpoint_factory(request, tmp_path_factory)
+
+
+def _engine(model_dir: Path, kernels: str) -> LLMEngine:
+    if not ON_GPU:
+        return make_engine(model_dir, kernels=kernels)
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model=str(model_dir), dtype="float32"),
+            cache=CacheConfig(num_kv_tokens=4096),
+            scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
+            device="cuda",
+            kernels=kernels,
+            enforce_eager=kernels == "torch",  # the reference: eager, synchronous steps
+            async_scheduling=kernels != "torch",
+        )
+    )
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, q/k norms
+def test_fused_one_token_layers_give_the_reference_tokens(kind: str, tiny_ckpt, monkeypatch) -> None:
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(2, 49152, 5, 20, seed=13)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    # r0 decodes alone (one token a step: the fused path), then r1's prefill and the pair's decodes
+    # (several tokens a step: the norm kernels and matmuls) in the same run.
+    arrivals = [0, 5]
+    reference = run_staggered(_engine(model_dir, "torch"), prompts, params, arrivals)
+    monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 1)
+    monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES", 1)
+    if not ON_GPU:
+        # NOTE: the interpreter runs one Python loop per program: the LM head's 49152 rows would take
+        # 12288 programs a step. It stays a matmul here; the decoder layers' projections do not.
+        one_token = ops.uses_gemv
+        monkeypatch.setattr(ops, "uses_gemv", lambda x, w, *least: w.shape[0] < 4096 and one_token(x, w, *least))
+    calls = []
+    fused = kernels.rms_norm_gemv.rms_norm_gemv
+    monkeypatch.setattr(kernels.rms_norm_gemv, "rms_norm_gemv", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    engine = _engine(model_dir, "triton")
+    assert run_staggered(engine, prompts, params, arrivals) == reference
+    assert calls, "no one-token step went through the fused kernel"
+    if ON_GPU:
+        assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
