@@ -39,7 +39,49 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, few tokens")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the transformers peer")
-    return parser.parse_args(argv)
+    parser.add_argument("--gemv-min-features", type=int, default=None,
+                        help="engine.ops.GEMV_MIN_FEATURES for this run: one-token projections of weights at least "
+                             "this wide in both dims take kernels/gemv.py (an A/B of the dispatch)")  # fmt: skip
+    parser.add_argument(
+        "--norm-gemv-min-features",
+        type=int,
+        default=None,
+        help="engine.ops.NORM_GEMV_MIN_FEATURES: the same for a pre-norm fused into the projection",
+    )
+    parser.add_argument(
+        "--swiglu-gemv-max-features",
+        type=int,
+        default=None,
+        help="engine.ops.SWIGLU_GEMV_MAX_FEATURES: SwiGLU inside the norm-fused gate|up up to this hidden size "
+        "(0: always the SiLU-and-mul kernel after it)",
+    )
+    parser.add_argument("--tiles", default="",
+                        help="tiles of kernels/rms_norm_gemv.py in the engine, e.g. 'BLOCK_N=4,num_warps=8' "
+                             "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
+    args = parser.parse_args(argv)
+    _set_norm_gemv_tiles(args.tiles)
+    from engine import ops
+
+    if args.gemv_min_features is not None:
+        ops.GEMV_MIN_FEATURES = args.gemv_min_features
+    if args.norm_gemv_min_features is not None:
+        ops.NORM_GEMV_MIN_FEATURES = args.norm_gemv_min_features
+    if args.swiglu_gemv_max_features is not None:
+        ops.SWIGLU_GEMV_MAX_FEATURES = args.swiglu_gemv_max_features
+    return args
+
+
+def _set_norm_gemv_tiles(spec: str) -> None:
+    """'BLOCK_N=4,num_warps=8/swiglu:BLOCK_N=4' -> kernels.rms_norm_gemv's TILES / SWIGLU_TILES (an engine A/B)."""
+    import kernels.rms_norm_gemv as fused
+
+    for part in filter(None, spec.split("/")):
+        target = fused.SWIGLU_TILES if part.startswith("swiglu:") else fused.TILES
+        for item in part.removeprefix("swiglu:").split(","):
+            key, value = item.split("=")
+            if key not in fused.TILE_KEYS:
+                raise SystemExit(f"--tiles: unknown key {key!r}; known: {fused.TILE_KEYS}")
+            target[key] = int(value)
 
 
 def _engine(directory: Path, device, dry_run: bool):
@@ -132,8 +174,12 @@ def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
             engine.step()
     kinds = {"gemm": 0.0, "attention": 0.0, "norm": 0.0, "rope": 0.0, "kv_store": 0.0, "silu_mul": 0.0, "other": 0.0}
     others: dict[str, float] = {}
+    by_name: dict[str, tuple[float, float]] = {}
     for event in prof.key_averages():
         us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        if us > 0:
+            us_sum, calls = by_name.get(event.key[:60], (0.0, 0.0))
+            by_name[event.key[:60]] = (us_sum + us / num_steps, calls + event.count / num_steps)
         kind = _kernel_kind(event.key)
         kinds[kind] += us / num_steps
         if kind == "other" and us > 0:
@@ -141,6 +187,9 @@ def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
     result = {k: round(v, 1) for k, v in kinds.items()}
     # what "other" is made of: the five largest by GPU time (names cut to 80 characters)
     result["other_top"] = {k: round(v, 1) for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:5]}
+    # every kernel by name (GPU us per step, calls per step), largest first: which one moved in an A/B
+    result["kernels"] = {k: [round(us, 1), round(calls, 1)] for k, (us, calls) in sorted(
+        by_name.items(), key=lambda kv: -kv[1][0])[:12]}  # fmt: skip
     return result
 
 
@@ -273,7 +322,7 @@ def markdown(results: dict) -> str:
     profiles = [(n, r["eager_profile_us_per_step"]) for n, r in results["models"].items()
                 if "eager_profile_us_per_step" in r]  # fmt: skip
     if profiles:
-        kinds = [k for k in profiles[0][1] if k != "other_top"]
+        kinds = [k for k in profiles[0][1] if k not in ("other_top", "kernels")]
         parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us; the fused RoPE + KV store "
                   "counts under rope):", "",
                   table([{"model": n, **p} for n, p in profiles], [("model", "model", "")] +

@@ -48,6 +48,13 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _one_token_dispatch() -> dict:
+    from engine import ops
+
+    return {"gemv_min_features": ops.GEMV_MIN_FEATURES, "norm_gemv_min_features": ops.NORM_GEMV_MIN_FEATURES,
+            "swiglu_gemv_max_features": ops.SWIGLU_GEMV_MAX_FEATURES}  # fmt: skip
+
+
 def environment(device: torch.device) -> dict:
     import transformers
     import triton
@@ -60,6 +67,8 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "device": str(device),
         "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
+        # engine.ops's one-token dispatch: weights at least this wide in both dims run the GEMV kernels
+        **_one_token_dispatch(),
         # The host: the service's figures swing with it (bench/results/h100/service_history.md).
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call: a few GPU tests, then batch-1 decode latency (bench/decode_latency.py, no transformers
+# peer) of several variants on the same machine, alternating, and last the fused-GEMV tile sweep. For
+# A/Bs of the engine's one-token dispatch or of a tree against an earlier one (host and GPU speed differ
+# between machines of one kind, so only runs of one call are compared).
+#
+#   VARIANTS="name|tree|args; name|tree|args; ..."   tree: . or an earlier tree (git archive REV engine
+#       kernels bench | tar -x -C build/X; carry build); args: flags of bench.decode_latency
+#   TEST_PATHS="..."   the GPU tests first (default: the one-token kernels and the engine parity tests)
+#   SWEEP=0            leave out bench/fused_gemv_sweep.py
+# Needs artifacts/smollm2-tokenizer and .whl (bench/gpu_carry.sh). Writes $OUT/ab.tgz (every result
+# and log) and prints each variant's table rows.
+set -uo pipefail
+OUT="${OUT:-bench/results/tmp}"
+R="$OUT/ab"
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export INFERQ_TOKENIZER_DIR="${INFERQ_TOKENIZER_DIR:-$PWD/artifacts/smollm2-tokenizer}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/inferq-site .whl/*.whl
+    export PYTHONPATH="/tmp/inferq-site"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
+
+read -r -a tests <<<"${TEST_PATHS:-tests/kernels/test_rms_norm_gemv.py tests/engine/test_fused_decode_layers.py tests/engine/test_gpu_parity.py}"
+PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 150 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" >"$R/tests.log" 2>&1
+echo "tests rc $?: $(tail -1 "$R/tests.log")"
+
+IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS}"
+for variant in "${variants[@]}"; do
+    IFS='|' read -r name tree args <<<"$variant"
+    name="${name// /}" tree="${tree// /}"
+    out_abs="$(cd "$R" && pwd)/$name"
+    # shellcheck disable=SC2086  # args is a list of flags
+    (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${DECODE_TIMEOUT_S:-100}" python3 -m bench.decode_latency \
+        --skip-hf $args --out "$out_abs") >"$R/$name.log" 2>&1
+    echo "== $name ($tree $args) rc $?"
+    grep -E '^\| Llama' "$R/$name.log" | grep -E 'CUDA graphs \||\| [0-9]+ \| [0-9]+ \|' | tail -4
+done
+
+if [ "${SWEEP:-1}" = 1 ]; then
+    OUT="$R" PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${SWEEP_TIMEOUT_S:-170}" python3 -m bench.fused_gemv_sweep \
+        >"$R/sweep.log" 2>&1
+    tail -12 "$R/sweep.log"
+fi
+tar -C "$OUT" -czf "$OUT/ab.tgz" ab && rm -rf "$R"
