@@ -25,8 +25,8 @@ class GatedMLP(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The pre-normed MLP: x, residual [T, H] -> (down(swiglu(gate_up(norm(x + residual)))), x + residual).
 
-        The norm, the gate|up projection and SiLU-and-mul are one op (RMSNorm.project): one kernel
-        at one token.
+        The norm, the gate|up projection and SiLU-and-mul are one op (RMSNorm.project): at one token
+        one kernel, or two where the SwiGLU runs apart (hidden sizes above 2048, engine.ops says why).
         """
         act, residual = norm.project(x, residual, self.gate_up_proj, swiglu=True)  # [T, I], [T, H]
         return self.down_proj(act), residual  # [T, I] -> [T, H]
