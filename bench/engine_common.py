@@ -67,7 +67,7 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "device": str(device),
         "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
-        # engine.ops's one-token dispatch: weights at least this wide in both dims run the GEMV kernels
+        # engine.ops's one-token dispatch thresholds: which projections take the GEMV kernels, SwiGLU inside or not
         **_one_token_dispatch(),
         # The host: the service's figures swing with it (bench/results/h100/service_history.md).
         "cpu": _cpu_model(),

@@ -1,6 +1,7 @@
 """RMSNorm fused into the one-token projection (and SwiGLU after it) against the unfused layer: the
 fp32 math of the reference on the same rounded inputs, odd sizes across the row and column tiles,
-with and without a residual, bias and SwiGLU; the new residual bit-exact; bad input refused; and
+with and without a residual, bias and SwiGLU; the new residual as x + residual rounded once; bad input
+refused; and
 the engine's dispatch (engine.ops.rms_norm_linear)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from kernels.rms_norm_gemv import rms_norm_gemv, rms_norm_gemv_ref
 
 ON_GPU = torch.cuda.is_available()
 EPS = 1e-5
-# (N out, K in): one output row, sizes off the 2/4-row and 512-column tiles, K below one tile
+# (N out, K in): a single row pair, sizes off the 8-row and 512-column tiles, K below one tile
 SHAPES = [(2, 8), (38, 300), (130, 513), (64, 1100)]
 if ON_GPU:  # Llama-3.1-8B qkv / gate|up, Llama-3.2-1B qkv / gate|up at one token
     SHAPES += [(6144, 4096), (28672, 4096), (3072, 2048), (16384, 2048)]
