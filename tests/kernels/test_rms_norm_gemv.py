@@ -1,8 +1,7 @@
 """RMSNorm fused into the one-token projection (and SwiGLU after it) against the unfused layer: the
 fp32 math of the reference on the same rounded inputs, odd sizes across the row and column tiles,
 with and without a residual, bias and SwiGLU; the new residual as x + residual rounded once; bad input
-refused; and
-the engine's dispatch (engine.ops.rms_norm_linear)."""
+refused; and the engine's dispatch (engine.ops.rms_norm_linear)."""
 
 from __future__ import annotations
 
