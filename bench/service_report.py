@@ -40,9 +40,11 @@ def phases_line(phases: dict | None) -> str:
         f"(GPU busy {phases['gpu_busy_s']:.2f} s; host in the runner {phases['runner_host_s']:.2f} s, blocked on "
         f"the GPU {phases['blocked_s']:.2f} s, scheduler/detokenizer/outputs {phases['engine_host_s']:.2f} s), "
         f"events and bookkeeping after the step {p.get('_step', 0) - p.get('engine.step', 0):.2f} s, admitting "
-        f"while running {p.get('_admit_if_due', 0):.2f} s, reads during the steps (overlapping the GPU, inside "
-        f"'blocked') {p.get('_read_during_step', 0):.2f} s, intake while idle {p.get('_intake', 0):.2f} s "
-        f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), cancel checks {p.get('_check_cancels', 0):.2f} s, "
+        f"while running {p.get('_admit_if_due', 0):.2f} s, reads sent during the steps (overlapping the GPU) "
+        f"{p.get('_read_during_step', 0):.2f} s, intake while idle {p.get('_intake', 0):.2f} s "
+        f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), replies of the reads sent during the steps "
+        f"(cancel check, new messages) {p.get('_finish_step_reads', 0):.2f} s (inside 'events and bookkeeping'), "
+        f"cancel checks of their own {p.get('_check_cancels', 0):.2f} s, "
         f"loop total {p.get('_iteration', 0):.2f} s."
     )
 

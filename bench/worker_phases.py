@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 # Worker methods timed (each call's wall time, summed); _iteration holds all the others, and
-# _read_during_step runs inside engine.step, while the GPU works.
-LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_check_cancels", "_drop_late",
-               "_drop_lost", "_step")  # fmt: skip
+# _read_during_step runs inside engine.step, while the GPU works; _finish_step_reads inside _step, after it.
+LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_finish_step_reads", "_check_cancels",
+               "_drop_late", "_drop_lost", "_step")  # fmt: skip
 
 
 class WorkerPhases:

@@ -31,6 +31,13 @@ def _id(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+def _field_dict(fields) -> dict[bytes, bytes]:
+    """A raw reply's entry fields (a flat [name, value, ...] list) as redis-py's parsed dict."""
+    if isinstance(fields, dict):
+        return fields
+    return dict(zip(fields[::2], fields[1::2], strict=True))
+
+
 class Intake:
     """Args:
     client: Redis client.
@@ -78,6 +85,23 @@ class Intake:
             block=block_ms,
         )
         return [Delivery(_id(mid), fields, 1) for _, entries in reply or [] for mid, fields in entries]
+
+    def read_new_command(self, count: int) -> tuple:
+        """read_new(count, None) as a raw command, for a caller that reads its reply later
+        (worker/step_reads.py); `new_deliveries` turns the reply into deliveries."""
+        return ("XREADGROUP", "GROUP", self.keys.group, self.consumer, "COUNT", count, "STREAMS", self.keys.requests,
+                ">")  # fmt: skip
+
+    def new_deliveries(self, reply) -> list[Delivery]:
+        """The messages of a raw XREADGROUP reply; a missing group is recreated (nothing was read)."""
+        if isinstance(reply, redis.ResponseError):
+            if not is_nogroup(reply):
+                raise reply
+            logger.warning("consumer group missing (Redis restarted empty?); recreating it")
+            self.ensure_group()
+            return []
+        streams = reply.items() if isinstance(reply, dict) else reply or []  # RESP3 answers a map
+        return [Delivery(_id(mid), _field_dict(fields), 1) for _, entries in streams for mid, fields in entries]
 
     def read_own_pending(self, count: int) -> list[Delivery]:
         """Messages already delivered to this consumer name (a restart with a stable name, a reconnect)."""

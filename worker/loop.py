@@ -4,13 +4,14 @@ Each iteration of `Worker.run`:
 1. drop requests another worker took over (reported by the lease and publisher threads);
 2. intake: read messages while there are sequence slots and KV room; the first arrival opens the
    batch window, and what arrives inside it is admitted together (see window.py);
-3. one MGET of the running requests' cancel keys; drop not-yet-started requests past deadline;
+3. drop not-yet-started requests past deadline;
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
-   no Redis wait).
-While the engine has work, the reads of 2 ride inside the step: the engine calls
-`_read_during_step` once the forward pass is launched, so they overlap the GPU, and the next
-iteration admits what they found before stepping again. Reading and admitting live in
-worker/loop_intake.py.
+   no Redis wait), after them the aborts of the requests found cancelled.
+While the engine has work, the reads ride inside the step: once the forward pass is launched the
+engine calls `_read_during_step`, which sends the cancel check and the read of new messages
+without waiting (worker/step_reads.py); their replies are read after the step's outputs are
+turned into events, so the round trip overlaps the GPU and the loop's own work. The next iteration
+admits the messages found. Reading and admitting live in worker/loop_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -32,7 +33,7 @@ from worker.held import HeldMessages
 from worker.intake import Intake
 from worker.job import Job
 from worker.lease import LeaseKeeper
-from worker.loop_intake import IntakeLoop
+from worker.loop_intake import IntakeLoop, StepReadsSent
 from worker.metrics import WorkerMetrics
 from worker.outputs import abort_events, events_for_outputs, write
 from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name, tokenizer_fields
@@ -41,6 +42,7 @@ from worker.publisher_process import PublisherProcess
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
 from worker.step_log import STEP_LOG_SIZE, StepLog, parent_id
+from worker.step_reads import DeferredReplies
 from worker.window import BatchWindow
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class Worker(IntakeLoop):
         self.metrics = WorkerMetrics()
         self.held = HeldMessages()
         self.cancels = CancelWatch(self.keys)
+        self.step_reads = DeferredReplies(self.client)
+        self._step_reads_sent: StepReadsSent | None = None
         self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
         self.admitter = Admitter(self.engine, self.client, self.keys, self.consumer, settings.max_deliveries)
         callbacks = {"on_lost": self.held.report_lost_request, "on_written": self._count_written}
@@ -187,6 +191,7 @@ class Worker(IntakeLoop):
         if not self.publisher.close(PUBLISHER_CLOSE_TIMEOUT_S):
             logger.error("exiting with %d unwritten batch(es); they resume elsewhere", self.publisher.num_pending)
         self.heartbeat.stop()
+        self.step_reads.close()
         self.client.close()
         logger.info("worker %s stopped", self.consumer)
 
@@ -199,13 +204,11 @@ class Worker(IntakeLoop):
             self._admit_if_due()
         elif not self.is_draining:
             self._intake()
-        # NOTE: cancels stay a round trip before each step, not inside it: read during step k, a
-        # cancel set just after that read would wait for step k + 2, past the two-step bound.
-        if self.jobs and self._redis_usable():
-            self._redis_call(self._check_cancels)
         self._drop_late()
         if self.engine.has_unfinished_requests():
-            self._step()
+            self._step()  # the cancel check rides the step
+        elif self.jobs and self._redis_usable():
+            self._redis_call(self._check_cancels)
         elif self.redis_backoff.is_failing:
             time.sleep(0.02)  # idle while Redis is away: do not spin
 
@@ -232,17 +235,48 @@ class Worker(IntakeLoop):
             self.redis_backoff.success()
 
     # ---- cancels, deadlines, takeovers -------------------------------------------------------------
-    def _check_cancels(self) -> bool:
-        batch = Batch()
-        for request_id in self.cancels.check(self.client, list(self.jobs)):
-            job = self.jobs[request_id]
+    def _check_cancels(self, batch: Batch | None = None) -> bool:
+        """A cancel check in round trips of its own; the aborts' events go into `batch` (a batch of
+        their own, submitted here, when None)."""
+        own = batch is None
+        batch = Batch() if batch is None else batch
+        self._abort_cancelled(self.cancels.check(self.client, list(self.jobs)), batch)
+        if own:
+            self.publisher.submit(batch)
+            if batch.events:
+                self._refresh_stats()
+        return True
+
+    def _finish_step_reads(self, batch: Batch) -> bool:
+        """After a step's outputs: read the replies of what `_send_step_reads` sent during it (new
+        messages go to the window; cancels are aborted, their events after the step's tokens in
+        `batch`). A step that sent nothing (nothing was launched) checks cancels on its own."""
+        sent, self._step_reads_sent = self._step_reads_sent, None
+        if sent is None:
+            return self._check_cancels(batch) if self.jobs else False
+        replies = self.step_reads.receive()
+        if sent.read_new:
+            self._receive(self.intake.new_deliveries(replies[sent.num_cancel_commands]))
+        if not sent.num_cancel_commands:
+            return True
+        cancel_replies = replies[: sent.num_cancel_commands]
+        for reply in cancel_replies:
+            if isinstance(reply, Exception):
+                raise reply
+        found = self.cancels.resolve(sent.cancel_ids, cancel_replies)
+        if found is None:  # the counter moved: read the keys now
+            found = self.cancels.read_keys(self.client, sent.cancel_ids, cancel_replies[0])
+        self._abort_cancelled(found, batch)
+        return True
+
+    def _abort_cancelled(self, request_ids: list[str], batch: Batch) -> None:
+        for request_id in request_ids:
+            job = self.jobs.get(request_id)
+            if job is None:  # finished in the step the check rode
+                continue
             batch.events += abort_events(job, self.engine.abort_request(request_id), self.consumer)
             self._finish(job, batch, "abort")
             self.metrics.aborts.inc()
-        self.publisher.submit(batch)
-        if batch.events:
-            self._refresh_stats()
-        return True
 
     def _drop_late(self) -> None:
         """Deadlines bind only until a request starts: one that waited too long is dropped before prefill."""
@@ -287,6 +321,8 @@ class Worker(IntakeLoop):
         for job in finished:
             last = next(e.event for e in reversed(events) if e.request_id == job.request_id)
             self._finish(job, batch, last.finish_reason or "error")
+        if self._step_reads_sent is not None or (self.jobs and self._redis_usable()):
+            self._redis_call(lambda: self._finish_step_reads(batch))
         self.publisher.submit(batch)
 
         stats, previous = self.engine.stats(), self._last_stats

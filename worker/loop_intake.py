@@ -1,26 +1,56 @@
 """The worker loop's intake: reading messages into the batch window and admitting them.
 
 A mixin of worker.loop.Worker, split out by idea; it uses the Worker's settings, engine, jobs,
-window, held, intake, admitter, publisher, metrics, redis_backoff and _redis_call.
+window, held, intake, admitter, publisher, metrics, cancels, step_reads, redis_backoff and _redis_call.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class StepReadsSent:
+    """What `_send_step_reads` sent, in order: the cancel check's commands for these request ids,
+    then (read_new) one XREADGROUP of new messages."""
+
+    cancel_ids: list[str]
+    num_cancel_commands: int
+    read_new: bool
+
+
 class IntakeLoop:
     def _read_during_step(self) -> None:
-        """The engine's during_forward hook: read new messages into the window while the GPU runs
-        the step. Redis only; the engine is mid-step and is not touched."""
+        """The engine's during_forward hook: send the step's reads (new messages, the cancel check)
+        while the GPU runs the step; `_finish_step_reads` reads their replies after the step's
+        outputs. Redis only; the engine is mid-step and is not touched."""
         try:
-            if self._redis_usable() and not self.is_draining:
-                self._redis_call(self._read)
+            if self._redis_usable():
+                self._redis_call(self._send_step_reads)
         except Exception:  # a bug here must not fail the step's requests
             logger.exception("reading from Redis during a step failed")
+
+    def _send_step_reads(self) -> bool:
+        """Own pending messages and claims (rare) are read at once; the cancel check and the read of
+        new messages are only sent (worker/step_reads.py). Returns whether it reached Redis."""
+        reached = False
+        if not self.is_draining:
+            reached = self._read(deferred_new=True)
+        cancel_ids = list(self.jobs)
+        commands = self.cancels.commands(cancel_ids)
+        num_cancel_commands = len(commands)
+        read_new = not self.is_draining and self._num_free_slots() > 0 and self._has_kv_room()
+        if read_new:
+            commands.append(self.intake.read_new_command(self._num_free_slots()))
+        if not commands:
+            return reached
+        self.step_reads.send(commands)
+        self._step_reads_sent = StepReadsSent(cancel_ids, num_cancel_commands, read_new)
+        return True
 
     def _num_free_slots(self) -> int:
         return self.settings.max_num_seqs - len(self.jobs) - len(self.window)
@@ -54,8 +84,9 @@ class IntakeLoop:
         reached = self._read()
         return self._admit_window_if_due() or reached
 
-    def _read(self) -> bool:
-        """Redis reads into the window only (safe while the engine is mid-step)."""
+    def _read(self, deferred_new: bool = False) -> bool:
+        """Redis reads into the window only (safe while the engine is mid-step); deferred_new leaves
+        the read of new messages to the caller."""
         reached = False
         if self._need_own_pending:
             self._receive(self.intake.read_own_pending(max(1, self._num_free_slots())))
@@ -65,7 +96,7 @@ class IntakeLoop:
             self._next_claim_at = now + self.settings.claim_interval_ms / 1000
             self._receive(self.intake.claim_abandoned(self._num_free_slots()))
             reached = True
-        if self._num_free_slots() > 0 and self._has_kv_room():
+        if not deferred_new and self._num_free_slots() > 0 and self._has_kv_room():
             self._receive(self.intake.read_new(self._num_free_slots(), self._block_ms()))
             reached = True
         return reached
@@ -94,6 +125,8 @@ class IntakeLoop:
         admitted = {job.message_id for job in admission.jobs}
         self.held.release([d.message_id for d in deliveries if d.message_id not in admitted])
         self.jobs.update((job.request_id, job) for job in admission.jobs)
+        if admission.jobs:  # cancelled before they came in: the counter moved before the last check
+            self.cancels.read_all_next()
         self.metrics.admitted.inc(len(admission.jobs))
         self.metrics.dead_letters.inc(admission.num_dead_letters)
         self.publisher.submit(admission.batch)

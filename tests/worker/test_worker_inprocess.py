@@ -209,6 +209,27 @@ def test_cancel_frees_kv_blocks_within_two_steps(redis_server, prefix, worker_mo
     assert freed >= 7 * 16, freed
 
 
+@both_schedulings
+def test_busy_worker_sends_its_cancel_checks_during_the_steps(redis_server, prefix, worker_model_dir, engine):
+    keys, client = Keys(prefix), redis_server.client()
+    with ThreadWorker(make_settings(redis_server, prefix, worker_model_dir), engine=engine) as tw:
+        worker = tw.worker
+        own_checks, sends = [], []
+        check, send = worker.cancels.check, worker.step_reads.send
+        worker.cancels.check = lambda *args: own_checks.append(worker.engine.last_step.step) or check(*args)
+        worker.step_reads.send = lambda commands: sends.append([c[0] for c in commands]) or send(commands)
+        ids = [f"r{i}" for i in range(3)]
+        for request_id in ids:
+            submit(client, keys, request_id, prompt_token_ids=[5, 6, 7], params={"max_tokens": 40, "ignore_eos": True})
+        wait_complete(client, keys, ids)
+        time.sleep(0.2)
+        steps = worker.engine.last_step.step
+    assert steps >= 40
+    assert sum("GET" in names for names in sends) >= 35  # one check per launched step, sent during it
+    # Round trips of their own only where a step launched nothing (the last read of an async run).
+    assert len(own_checks) <= 3, own_checks
+
+
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
 def test_arrivals_within_the_batch_window_prefill_in_one_step(redis_server, prefix, worker_model_dir, engine, busy):
     keys, client = Keys(prefix), redis_server.client()
