@@ -41,7 +41,7 @@ DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
 EXPIRE_REFRESH_FRACTION = 0.25
 
 
-@dataclass
+@dataclass(slots=True)
 class EventWrite:
     request_id: str
     stream: str

@@ -11,7 +11,7 @@ from worker.protocol.fields import _check_token_ids, _is_int, _load_json, _norma
 from worker.protocol.names import EVENT_TYPES, FINISH_REASONS, PROTOCOL_VERSION, ProtocolError
 
 
-@dataclass
+@dataclass(slots=True)
 class ResultEvent:
     """One entry of a result stream (and one pub/sub message).
 
