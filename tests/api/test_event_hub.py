@@ -48,7 +48,12 @@ def test_streams_share_one_connection_and_are_subscribed_before_subscribe_return
         for s in subs:
             await s.close()
         assert hub.channels == 0
-        assert [n for _, n in await redis.pubsub_numsub(*channels)] == [0] * len(channels)
+        # UNSUBSCRIBE is sent without waiting for Redis's reply, and this check comes on another
+        # connection, which Redis may serve first: wait for the unsubscriptions to land.
+        deadline = asyncio.get_running_loop().time() + 5
+        while [n for _, n in await redis.pubsub_numsub(*channels)] != [0] * len(channels):
+            assert asyncio.get_running_loop().time() < deadline, "the hub did not unsubscribe"
+            await asyncio.sleep(0.01)
 
     asyncio.run(_with_hub(redis_server, body))
 
