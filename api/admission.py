@@ -8,6 +8,8 @@ request ids (score: admission time) plus a hash of their prompt tokens. A reques
 leaves it when its first event arrives (it started), when its stream ends, or when
 it is older than the queue timeout (its replica died: the worker drops it at its
 deadline anyway). Requests other services put straight into Redis are not counted.
+A request without an Idempotency-Key is admitted by a second script that, in the same
+step, also saves its meta and XADDs it to the request stream (api/submit.py says why).
 
 Rate limits are fixed one-minute windows per caller (requests, and tokens counted
 as prompt + max_tokens, a reservation the way OpenAI counts them).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
@@ -24,9 +27,10 @@ from api.errors import RATE_LIMIT, SERVER_ERROR, ApiError
 from api.keys import ApiKeys
 from api.settings import ApiSettings
 
+# The queue part both admission scripts share: drop stale entries, refuse when full, else queue the request.
 # KEYS: queue zset, tokens hash. ARGV: now, stale_before, max_requests, max_tokens, id, tokens.
-# Returns {1, count} when admitted, {0, "requests"|"tokens", current} when full.
-_ADMIT = """
+# Refuses with {0, "requests"|"tokens", current}; when it falls through, `count` is the queue before this one.
+_QUEUE_ADMIT = """
 local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
 if #stale > 0 then
   redis.call('HDEL', KEYS[2], unpack(stale))
@@ -42,8 +46,35 @@ if count > 0 then
 end
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[5], tokens)
-return {1, count + 1}
 """
+
+# Returns {1, count} when admitted.
+_ADMIT = _QUEUE_ADMIT + "return {1, count + 1}\n"
+
+# _QUEUE_ADMIT, then (admitted only) the request's meta hash with its TTL and its message on the request
+# stream: a new request's whole enqueue in one round trip (api/submit.py).
+# KEYS: + meta hash, request stream. ARGV: + TTL s, the number of meta fields and their names and values
+# alternating, the number of message fields and theirs. Returns {1, count, entry id} when admitted.
+# NOTE: `#!lua` (Redis 7, as in worker/event_script.py): out of memory, Redis refuses the whole script
+# before it runs, where a script without it is checked at its first write only and may then write the rest.
+_ADMIT_AND_ENQUEUE = (
+    "#!lua\n"
+    + _QUEUE_ADMIT
+    + """
+local function field_pairs(at)
+  local n = 2 * tonumber(ARGV[at])
+  local items = {}
+  for i = 1, n do items[i] = ARGV[at + i] end
+  return items, at + n + 1
+end
+local meta, message_at = field_pairs(8)
+local message = field_pairs(message_at)
+redis.call('HSET', KEYS[3], unpack(meta))
+redis.call('EXPIRE', KEYS[3], ARGV[7])
+local entry_id = redis.call('XADD', KEYS[4], '*', unpack(message))
+return {1, count + 1, entry_id}
+"""
+)
 
 # KEYS: requests counter, tokens counter of this window. ARGV: rpm, tpm, tokens, ttl.
 # Returns {1} when allowed, {0, "requests"|"tokens", used} when over.
@@ -63,6 +94,18 @@ return {1}
 RATE_WINDOW_S = 60
 
 
+class Overloaded(ApiError):
+    """The queue is full (503): the admission script refused the request and wrote nothing."""
+
+
+def _counted_pairs(fields: Mapping[str, str]) -> list[str | int]:
+    """A field map as script ARGV: its size, then names and values alternating (no text is ever spliced)."""
+    args: list[str | int] = [len(fields)]
+    for name, value in fields.items():
+        args += (name, value)
+    return args
+
+
 class Admission:
     """Queue cap and rate limits of one replica (state in Redis)."""
 
@@ -71,6 +114,7 @@ class Admission:
         self.keys = keys
         self.settings = settings
         self._admit = redis.register_script(_ADMIT)
+        self._admit_and_enqueue = redis.register_script(_ADMIT_AND_ENQUEUE)
         self._rate = redis.register_script(_RATE)
 
     async def check_rate(self, owner: str, tokens: int) -> None:
@@ -107,28 +151,54 @@ class Admission:
         )
 
     async def admit(self, request_id: str, prompt_tokens: int) -> None:
-        """Put the request in the bounded queue, or raise 503 with Retry-After when it is full."""
-        s = self.settings
-        now = time.time()
+        """Put the request in the bounded queue, or raise Overloaded (503 with Retry-After) when it is full."""
         result = await self._admit(
-            keys=[self.keys.queue, self.keys.queue_tokens],
+            keys=[self.keys.queue, self.keys.queue_tokens], args=self._queue_args(request_id, prompt_tokens)
+        )
+        if int(result[0]) != 1:
+            raise self._refusal(result)
+
+    async def admit_and_enqueue(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        meta_key: str,
+        meta_fields: Mapping[str, str],
+        ttl_s: int,
+        stream: str,
+        message_fields: Mapping[str, str],
+    ) -> str:
+        """`admit`, and only if admitted, in the same atomic script: HSET `meta_key` (expiring after
+        `ttl_s`) and XADD `message_fields` to `stream`. Returns the stream entry id; raises Overloaded
+        (nothing written) when the queue is full."""
+        result = await self._admit_and_enqueue(
+            keys=[self.keys.queue, self.keys.queue_tokens, meta_key, stream],
             args=[
-                now,
-                now - s.queue_timeout_s - 5.0,
-                s.max_queued_requests,
-                s.max_queued_prompt_tokens,
-                request_id,
-                prompt_tokens,
+                *self._queue_args(request_id, prompt_tokens),
+                ttl_s,
+                *_counted_pairs(meta_fields),
+                *_counted_pairs(message_fields),
             ],
         )
-        if int(result[0]) == 1:
-            return
+        if int(result[0]) != 1:
+            raise self._refusal(result)
+        return result[2]
+
+    def _queue_args(self, request_id: str, prompt_tokens: int) -> list[str | int | float]:
+        """_QUEUE_ADMIT's ARGV."""
+        s = self.settings
+        now = time.time()
+        stale_before = now - s.queue_timeout_s - 5.0
+        return [now, stale_before, s.max_queued_requests, s.max_queued_prompt_tokens, request_id, prompt_tokens]
+
+    def _refusal(self, result: list) -> Overloaded:
+        s = self.settings
         kind, current = result[1], int(result[2])
         if kind == "requests":
             detail = f"{current} requests are queued (limit {s.max_queued_requests})"
         else:
             detail = f"{current} prompt tokens are queued (limit {s.max_queued_prompt_tokens})"
-        raise ApiError(
+        return Overloaded(
             503,
             f"the server is overloaded: {detail}; retry after {s.overload_retry_after_s} s",
             type=SERVER_ERROR,

@@ -1,12 +1,17 @@
 """Accepting a completion request: validate against the model, admit, and enqueue it.
 
-Order matters and every step before the XADD can refuse without side effects:
+Order matters and every step before the enqueue can refuse without side effects:
     model known (404) -> token ids in the vocabulary -> prompt length and max_tokens (400)
-    -> Idempotency-Key seen before? attach to that request
-    -> rate limit (429) -> queue cap (503) -> bind the Idempotency-Key
-    -> save request meta -> SUBSCRIBE to its events -> XADD to the request stream.
+    -> Idempotency-Key seen before? attach to that request -> rate limit (429)
+    -> without an Idempotency-Key: SUBSCRIBE to its events -> one script: queue cap (503), or
+       save request meta + XADD to the request stream (api/admission.py)
+    -> with one: queue cap (503) -> bind the Idempotency-Key -> save request meta
+       -> SUBSCRIBE to its events -> XADD to the request stream.
 NOTE: subscribing before the XADD is what guarantees that the first token is never
-published to nobody; the result stream would fill the gap anyway, but later.
+published to nobody; the result stream would fill the gap anyway, but later. A request the
+script refuses leaves only that subscription, which is closed before the 503.
+Why one script: a new request's Redis work was four sequential round trips (admit, meta,
+SUBSCRIBE, XADD) before its response headers; now it is two (SUBSCRIBE, the script).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import NoReturn
 
 import anyio
 
 from api import idempotency
+from api.admission import Overloaded
 from api.auth import Caller
 from api.errors import SERVER_ERROR, ApiError
 from api.events import EventSource
@@ -125,6 +132,28 @@ async def _undo(
         await source.close()
 
 
+async def _give_up(
+    state: AppState,
+    request_id: str,
+    claim: idempotency.IdempotencyClaim | None,
+    source: EventSource | None,
+    exc: BaseException,
+) -> NoReturn:
+    """Undo a failed enqueue and raise what the client should see (an unexpected failure: 503)."""
+    with anyio.CancelScope(shield=True):
+        await _undo(state, request_id, claim, source)
+    if isinstance(exc, ApiError) or not isinstance(exc, Exception):
+        raise exc
+    log.error("could not enqueue %s", request_id, exc_info=exc)
+    raise ApiError(
+        503,
+        f"could not enqueue the request: {exc}",
+        type=SERVER_ERROR,
+        code="enqueue_failed",
+        headers={"Retry-After": "1"},
+    ) from exc
+
+
 async def submit(
     state: AppState,
     caller: Caller,
@@ -158,59 +187,97 @@ async def _enqueue(
     max_tokens: int,
 ) -> Accepted | str:
     """The new request, admitted and enqueued; or the id of the earlier request with this Idempotency-Key."""
-    settings, redis = state.settings, state.redis
     kind = CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION
     claim = idempotency.make_claim(state.keys, caller.owner, idempotency_key, kind, body)
-    if claim is not None and (earlier := await idempotency.lookup(redis, claim)) is not None:
+    if claim is not None and (earlier := await idempotency.lookup(state.redis, claim)) is not None:
         return earlier
 
     queued_tokens = prompt_tokens if prompt_tokens is not None else 0
     await state.admission.check_rate(caller.owner, queued_tokens + max_tokens)
     request_id = new_request_id(kind)
-    await state.admission.admit(request_id, queued_tokens)
+    meta = RequestMeta(
+        request_id=request_id,
+        owner=caller.owner,
+        kind=kind,
+        model=model_name,
+        created=int(time.time()),
+        n=body.n,
+        include_usage=body.include_usage,
+        logprobs=body.engine_logprobs(),
+        prompt_tokens=queued_tokens,
+        result_stream=state.keys.wire.result(request_id),
+    )
+    # deadline and created are stamped just before the message is sent (_stamped_fields).
+    message = RequestMessage(
+        id=request_id,
+        params=body.engine_params(max_tokens, body.engine_logprobs()),
+        priority=body.priority,
+        **_wire_prompt(body),
+    )
+    if claim is None:
+        return await _enqueue_in_one_script(state, meta, message)
+    return await _enqueue_with_key(state, claim, meta, message)
+
+
+def _start_timeout_s(state: AppState) -> float:
+    # The worker drops the request at its deadline; the slack covers a worker that died holding it.
+    return state.settings.queue_timeout_s + START_SLACK_S
+
+
+def _stamped_fields(state: AppState, message: RequestMessage) -> dict[str, str]:
+    """Stamp the message's created time and queue deadline with now; return its XADD fields."""
+    now = time.time()
+    message.created = now
+    message.deadline = now + state.settings.queue_timeout_s
+    return encode_request(message)
+
+
+async def _enqueue_in_one_script(state: AppState, meta: RequestMeta, message: RequestMessage) -> Accepted:
+    """SUBSCRIBE, then one script admits the request, saves its meta and XADDs it: two round trips."""
     source: EventSource | None = None
     try:
-        if claim is not None:
-            winner = await idempotency.bind(redis, claim, request_id, settings.result_ttl_s)
-            if winner is not None:
-                await state.admission.release(request_id)
-                return winner
-        meta = RequestMeta(
-            request_id=request_id,
-            owner=caller.owner,
-            kind=kind,
-            model=model_name,
-            created=int(time.time()),
-            n=body.n,
-            include_usage=body.include_usage,
-            logprobs=body.engine_logprobs(),
-            prompt_tokens=queued_tokens,
-            result_stream=state.keys.wire.result(request_id),
+        source = await open_source(state, meta, start_timeout_s=_start_timeout_s(state))
+        await state.admission.admit_and_enqueue(
+            meta.request_id,
+            meta.prompt_tokens,
+            state.keys.meta(meta.request_id),
+            meta.to_fields(),
+            state.settings.result_ttl_s,
+            state.keys.wire.requests,
+            _stamped_fields(state, message),
         )
-        await save_meta(redis, state.keys, meta, settings.result_ttl_s)
-        # The worker drops the request at its deadline; the slack covers a worker that died holding it.
-        source = await open_source(state, meta, start_timeout_s=settings.queue_timeout_s + START_SLACK_S)
-        now = time.time()
-        message = RequestMessage(
-            id=request_id,
-            params=body.engine_params(max_tokens, body.engine_logprobs()),
-            priority=body.priority,
-            deadline=now + settings.queue_timeout_s,
-            created=now,
-            **_wire_prompt(body),
-        )
-        await redis.xadd(state.keys.wire.requests, encode_request(message))
-    except BaseException as exc:
+    except Overloaded:
+        # The script refused and wrote nothing: the subscription is all there is to take back.
         with anyio.CancelScope(shield=True):
-            await _undo(state, request_id, claim, source)
-        if isinstance(exc, ApiError) or not isinstance(exc, Exception):
-            raise
-        log.exception("could not enqueue %s", request_id)
-        raise ApiError(
-            503,
-            f"could not enqueue the request: {exc}",
-            type=SERVER_ERROR,
-            code="enqueue_failed",
-            headers={"Retry-After": "1"},
-        ) from exc
+            if source is not None:
+                await source.close()
+        raise
+    except BaseException as exc:
+        # Whether the script ran is unknown (a timeout): _undo releases the queue entry if it did.
+        await _give_up(state, meta.request_id, None, source, exc)
+    return Accepted(meta, source, is_new=True)
+
+
+async def _enqueue_with_key(
+    state: AppState, claim: idempotency.IdempotencyClaim, meta: RequestMeta, message: RequestMessage
+) -> Accepted | str:
+    """Admit, bind the key, save the meta, SUBSCRIBE, XADD: one round trip each.
+
+    NOTE: not one script like a request without a key: the bind must come after the admission (a
+    refused request must not hold the key) and before any write (the loser of a race for the key
+    attaches to the winner's request and writes nothing), and the bind's answer decides between them.
+    """
+    settings, redis, request_id = state.settings, state.redis, meta.request_id
+    await state.admission.admit(request_id, meta.prompt_tokens)
+    source: EventSource | None = None
+    try:
+        winner = await idempotency.bind(redis, claim, request_id, settings.result_ttl_s)
+        if winner is not None:
+            await state.admission.release(request_id)
+            return winner
+        await save_meta(redis, state.keys, meta, settings.result_ttl_s)
+        source = await open_source(state, meta, start_timeout_s=_start_timeout_s(state))
+        await redis.xadd(state.keys.wire.requests, _stamped_fields(state, message))
+    except BaseException as exc:
+        await _give_up(state, request_id, claim, source, exc)
     return Accepted(meta, source, is_new=True)
