@@ -17,6 +17,8 @@ def main() -> None:
         create_app(settings),
         host=settings.host,
         port=settings.port,
+        loop=settings.event_loop,
+        http=settings.http_parser,
         # Above our own header limit, so that our 431 (OpenAI's envelope) answers first.
         h11_max_incomplete_event_size=64 * 1024,
         proxy_headers=True,

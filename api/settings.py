@@ -7,7 +7,7 @@ variables, e.g. `INFERQ_REDIS_URL=redis://redis:6379/0`.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -35,11 +35,16 @@ class ApiSettings(BaseSettings):
     # HTTP server.
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
+    # uvloop and httptools (C) rather than asyncio's loop and h11 (pure Python): per request they cut the
+    # API's CPU and the time to the response headers (bench/results/devbox/api_uvloop_httptools.md).
+    # The pure-Python pair stays for platforms without those wheels.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    http_parser: Literal["httptools", "h11"] = "httptools"
     # NOTE: 1 MiB holds a prompt of ~250k tokens of English; larger bodies are answered 413
     # before they are read in full.
     max_body_bytes: int = Field(1024 * 1024, ge=1024)
-    # Sum of all request header names and values; uvicorn's own limit (h11, 64 KiB as we start it)
-    # stays above it so that our 431 answers in OpenAI's error format.
+    # Sum of all request header names and values; uvicorn's own limit (h11: 64 KiB as we start it;
+    # httptools sets none) stays above it so that our 431 answers in OpenAI's error format.
     max_header_bytes: int = Field(8 * 1024, ge=1024, le=60 * 1024)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 

@@ -26,6 +26,8 @@ class ThreadApi:
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
+            loop=settings.event_loop,
+            http=settings.http_parser,
             h11_max_incomplete_event_size=64 * 1024,
             timeout_graceful_shutdown=1,
         )

@@ -96,6 +96,21 @@ def api(redis_server, module_prefix):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def pure_python_api(redis_server, module_prefix):
+    """The same API on asyncio's own loop and h11 (INFERQ_EVENT_LOOP=asyncio, INFERQ_HTTP_PARSER=h11):
+    the size limits are ours, not the HTTP parser's, so they must answer the same on both."""
+    settings = ApiSettings(
+        redis_url=redis_server.url, prefix=module_prefix, api_keys=[API_KEY], event_loop="asyncio", http_parser="h11"
+    )
+    server = ThreadApi(settings).start()
+    yield server
+    server.stop()
+
+
+SERVERS = pytest.mark.parametrize("server", ["api", "pure_python_api"])
+
+
 @pytest.fixture
 def prefix(module_prefix) -> str:
     return module_prefix
@@ -130,7 +145,9 @@ def test_malformed_json_is_400(api, rclient, prefix, raw):
     assert stream_len(rclient, prefix) == 0
 
 
-def test_body_over_the_limit_is_413(api, rclient, prefix):
+@SERVERS
+def test_body_over_the_limit_is_413(request, server, rclient, prefix):
+    api = request.getfixturevalue(server)
     body = chat(messages=[{"role": "user", "content": "x" * (2 * 1024 * 1024 + 10)}])
     with api.client() as client:
         response = client.post(CHAT_URL, json=body)
@@ -139,7 +156,10 @@ def test_body_over_the_limit_is_413(api, rclient, prefix):
     assert stream_len(rclient, prefix) == 0
 
 
-def test_chunked_body_over_the_limit_is_413(api, rclient, prefix):
+@SERVERS
+def test_chunked_body_over_the_limit_is_413(request, server, rclient, prefix):
+    api = request.getfixturevalue(server)
+
     def chunks():
         yield b'{"model": "' + MODEL.encode() + b'", "prompt": "'
         for _ in range(40):
@@ -153,7 +173,9 @@ def test_chunked_body_over_the_limit_is_413(api, rclient, prefix):
     assert stream_len(rclient, prefix) == 0
 
 
-def test_headers_over_the_limit_are_431(api, rclient, prefix):
+@SERVERS
+def test_headers_over_the_limit_are_431(request, server, rclient, prefix):
+    api = request.getfixturevalue(server)
     with api.client() as client:
         response = client.post(COMP_URL, json=comp(), headers={"X-Padding": "p" * 9000})
     error = assert_envelope(response, 431)
