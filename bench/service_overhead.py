@@ -80,6 +80,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
         help="pin the worker to two physical cores of its own and redis, the API and the clients to the rest "
         "(as a deployment gives a GPU worker its cores; the load generator shares this machine only here)",
     )
+    parser.add_argument(
+        "--cold-clients",
+        action="store_true",
+        help="the clients open their connections and encode their requests on the clock, all at the start "
+        "(as every run before 2026-11-24 13:00 did); by default they do both before the start",
+    )
     parser.add_argument("--child", choices=("offline", "worker"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
@@ -278,14 +284,17 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
         profiler = start_profiler(worker.pid, out)
         worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
-        rows, client_cpu, elapsed = run_clients(bases, list(zip(prompts, output_lens, strict=True)))
+        jobs = list(zip(prompts, output_lens, strict=True))
+        rows, client_cpu, elapsed = run_clients(bases, jobs, not args.cold_clients)
         cpu = {name: sum(map(cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
         worker.send_signal(signal.SIGUSR2)
         stop_profiler(profiler)
         worker_phases = read_when_written(phases_path, 10.0)
         runs = [_run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
         for seed, more_prompts, more_prompt_lens, more_output_lens in _more_workloads(_vocab(directory), args):
-            more_rows, _, more_elapsed = run_clients(bases, list(zip(more_prompts, more_output_lens, strict=True)))
+            more_rows, _, more_elapsed = run_clients(
+                bases, list(zip(more_prompts, more_output_lens, strict=True)), not args.cold_clients
+            )
             runs.append(_run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
         service.check()
     finally:
@@ -312,6 +321,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "cpu_frac_of_elapsed": {name: s / elapsed for name, s in {**cpu, "clients": client_cpu}.items()},
         "client_procs": CLIENT_PROCS,
         "api_replicas": args.api_replicas,
+        "warm_clients": not args.cold_clients,
         "batch_window_ms": args.batch_window_ms,
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
         "worker_phases": worker_phases,
@@ -389,6 +399,7 @@ def main(argv=None) -> dict | None:
     results = _result(args, offline, service, directory)
     stem = STEM if args.api_replicas == 1 else f"{STEM}_{args.api_replicas}api"
     stem += "_isolated" if args.isolate_worker else ""
+    stem += "_cold_clients" if args.cold_clients else ""
     write_results(out, stem, results, markdown(results))
     print(json.dumps(results, indent=1), flush=True)
     print(markdown(results), flush=True)

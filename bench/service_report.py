@@ -90,7 +90,13 @@ def markdown(r: dict) -> str:
         f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
         f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
         f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
-        f"{svc['client_procs']} client processes), through {svc.get('api_replicas', 1)} `python -m api` "
+        f"{svc['client_procs']} client processes, "
+        + (
+            "each client's connection opened and its request encoded before the clock starts"
+            if svc.get("warm_clients")
+            else "connections opened and requests encoded on the clock"
+        )
+        + f"), through {svc.get('api_replicas', 1)} `python -m api` "
         "process(es) (uvicorn; client processes spread over them), a private "
         f"redis-server (AOF everysec; the API's Redis pool set to {svc['api_redis_max_connections']} connections: "
         "its streams share one pub/sub connection per process) "
