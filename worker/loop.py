@@ -9,8 +9,9 @@ Each iteration of `Worker.run`:
    no Redis wait), after them the aborts of the requests found cancelled.
 While the engine has work, the reads ride inside the step: once the forward pass is launched the
 engine calls `_read_during_step`, which sends the cancel check and the read of new messages
-without waiting (worker/step_reads.py); their replies are read after the step's outputs are
-turned into events, so the round trip overlaps the GPU and the loop's own work. The next iteration
+without waiting (worker/step_reads.py); their replies are read once the step's outputs are
+turned into events and handed to the publisher, so the round trip overlaps the GPU and the loop's
+own work. The next iteration
 admits the messages found. Reading and admitting live in worker/loop_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
@@ -249,8 +250,9 @@ class Worker(IntakeLoop):
 
     def _finish_step_reads(self, batch: Batch) -> bool:
         """After a step's outputs: read the replies of what `_send_step_reads` sent during it (new
-        messages go to the window; cancels are aborted, their events after the step's tokens in
-        `batch`). A step that sent nothing (nothing was launched) checks cancels on its own."""
+        messages go to the window; cancels are aborted, their events and acks into `batch`, which is
+        submitted after the step's own). A step that sent nothing (nothing was launched) checks
+        cancels on its own."""
         sent, self._step_reads_sent = self._step_reads_sent, None
         if sent is None:
             return self._check_cancels(batch) if self.jobs else False
@@ -321,9 +323,15 @@ class Worker(IntakeLoop):
         for job in finished:
             last = next(e.event for e in reversed(events) if e.request_id == job.request_id)
             self._finish(job, batch, last.finish_reason or "error")
-        if self._step_reads_sent is not None or (self.jobs and self._redis_usable()):
-            self._redis_call(lambda: self._finish_step_reads(batch))
+        # NOTE: the step's events go to the publisher before the loop reads the replies of the step's
+        # reads: packing them gives Redis that much longer to answer (the replies queue behind the
+        # previous step's event script there), and the tokens reach the clients sooner. Aborts of
+        # cancelled requests follow in a batch of their own, after this step's tokens, as before.
         self.publisher.submit(batch)
+        if self._step_reads_sent is not None or (self.jobs and self._redis_usable()):
+            aborts = Batch()
+            self._redis_call(lambda: self._finish_step_reads(aborts))
+            self.publisher.submit(aborts)
 
         stats, previous = self.engine.stats(), self._last_stats
         self._last_stats = stats
