@@ -61,6 +61,7 @@ METHOD_COMMANDS: dict[str, set[str]] = {
 NOT_COMMANDS = {"pipeline", "execute", "pubsub", "get_message", "close", "aclose", "from_url", "call", "pcall"}
 NOT_COMMANDS |= {"execute_command"}  # its command is its first argument: _RAW_COMMAND reads it
 NOT_COMMANDS |= {"asyncio", "exceptions", "backoff", "retry"}
+NOT_COMMANDS |= {"connection_pool"}  # an attribute: worker/step_reads.py makes its connection from it
 # NOTE: redis-py health checks (health_check_interval) send PING on idle connections in both
 # services, whether or not the code calls ping() itself.
 IMPLICIT = {"ping"}
@@ -70,6 +71,9 @@ _CALL = re.compile(r"\b(?:client|redis|pipe|_pubsub|pubsub)\.([a-z_]+)\b")
 _TRANSACTION = re.compile(r"\.pipeline\(\s*transaction\s*=\s*True")
 _LUA_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 _RAW_COMMAND = re.compile(r"\.execute_command\(\s*[\"']([A-Za-z]+)[\"']")
+# Commands written as tuples for a connection's pack_commands (the worker's step reads:
+# `[("GET", key)]`, `.append(("MGET", ...))`, `return ("XREADGROUP", ...)`).
+_PACKED_COMMAND = re.compile(r"(?:\[|\(|return )\(\s*\"([A-Z]+)\",")
 
 
 def commands_used(package: str) -> tuple[set[str], dict[str, list[str]]]:
@@ -87,4 +91,5 @@ def commands_used(package: str) -> tuple[set[str], dict[str, list[str]]]:
             used |= {"multi", "exec"}
         used |= {name.lower() for name in _LUA_CALL.findall(source)}
         used |= {name.lower() for name in _RAW_COMMAND.findall(source)}
+        used |= {name.lower() for name in _PACKED_COMMAND.findall(source)}
     return used, unknown
