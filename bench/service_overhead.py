@@ -86,6 +86,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
         help="the clients open their connections and encode their requests on the clock, all at the start "
         "(as every run before 2026-11-24 13:00 did); by default they do both before the start",
     )
+    parser.add_argument(
+        "--worker-gc-threshold0",
+        type=int,
+        default=None,
+        help="an experiment: the worker child's first garbage-collector threshold (gc.set_threshold)",
+    )
     parser.add_argument("--child", choices=("offline", "worker"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
@@ -214,6 +220,10 @@ def _worker_child(args: argparse.Namespace) -> None:
         metrics_port=0,
     )
     worker = Worker(settings, engine)
+    if args.worker_gc_threshold0 is not None:
+        import gc
+
+        gc.set_threshold(args.worker_gc_threshold0, *gc.get_threshold()[1:])
     if args.result:
         from bench.worker_phases import WorkerPhases
 
@@ -248,6 +258,8 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
                               redis_env)  # fmt: skip
         child = [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory)]
         flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
+        if args.worker_gc_threshold0 is not None:
+            flags += ["--worker-gc-threshold0", str(args.worker_gc_threshold0)]
         phases_path = out / f"{STEM}_worker_phases_tmp.json"
         phases_path.unlink(missing_ok=True)
         if split is not None:

@@ -45,7 +45,19 @@ def phases_line(phases: dict | None) -> str:
         f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), replies of the reads sent during the steps "
         f"(cancel check, new messages) {p.get('_finish_step_reads', 0):.2f} s (inside 'events and bookkeeping'), "
         f"cancel checks of their own {p.get('_check_cancels', 0):.2f} s, "
-        f"loop total {p.get('_iteration', 0):.2f} s."
+        f"loop total {p.get('_iteration', 0):.2f} s." + _gc_text(phases)
+    )
+
+
+def _gc_text(phases: dict) -> str:
+    """The garbage collector's pauses in the window (runs before 2026-11-24 13:30 did not record them)."""
+    if "gc_s" not in phases:
+        return ""
+    count, seconds = phases["gc_count"], phases["gc_s"]
+    return (
+        f" Garbage collections in the worker (thresholds {tuple(phases['gc_threshold'])}): "
+        + ", ".join(f"generation {g}: {count[g]} taking {seconds[g]:.3f} s" for g in range(3))
+        + "."
     )
 
 

@@ -8,6 +8,7 @@ bench/service_overhead.py's worker child only; the worker itself carries no timi
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import time
@@ -36,6 +37,11 @@ class WorkerPhases:
         self.first_step_at: float | None = None
         self.last_step_at: float | None = None
         self.marks: dict[str, float] = {}
+        # The garbage collector's pauses, per generation (any thread's; all stop the loop's Python).
+        self.gc_s = [0.0, 0.0, 0.0]
+        self.gc_count = [0, 0, 0]
+        self._gc_started: float | None = None
+        gc.callbacks.append(self._on_gc)
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.reset())
         signal.signal(signal.SIGUSR2, lambda signum, frame: self.write())
 
@@ -58,6 +64,15 @@ class WorkerPhases:
 
         return timed
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            generation = info["generation"]
+            self.gc_s[generation] += time.perf_counter() - self._gc_started
+            self.gc_count[generation] += 1
+            self._gc_started = None
+
     def _first_call(self, mark: str, fn):
         """Records when fn first ran with a non-empty first argument (messages read, admitted) in the window."""
 
@@ -75,6 +90,7 @@ class WorkerPhases:
         self.started = time.perf_counter()
         self.first_step_at = self.last_step_at = None
         self.marks.clear()
+        self.gc_s, self.gc_count = [0.0, 0.0, 0.0], [0, 0, 0]
 
     def summary(self) -> dict:
         records = self.timer.records
@@ -95,6 +111,9 @@ class WorkerPhases:
             "blocked_s": blocked,
             # engine.step minus the runner: scheduler, detokenizer, outputs
             "engine_host_s": step_s - runner_host - blocked,
+            "gc_s": list(self.gc_s),
+            "gc_count": list(self.gc_count),
+            "gc_threshold": list(gc.get_threshold()),
             "mean_decode_batch": (
                 sum(r.num_seqs for r in records if r.graphed) / max(1, sum(1 for r in records if r.graphed))
             ),
