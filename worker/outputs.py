@@ -18,13 +18,15 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
     """
     events: list[EventWrite] = []
     finished: list[Job] = []
-    for out in outputs:
+    for out in outputs:  # NOTE: every running request, every step: kept lean (no helper calls when avoidable)
         job = jobs.get(out.request_id)
-        if job is None or out.index in job.skip_indices or out.index in job.done_indices:
+        index = out.index
+        if job is None or index in job.skip_indices or index in job.done_indices:
             continue
         if out.new_token_ids or out.new_text:
-            logprobs = logprobs_to_json(out.new_logprobs)
-            events.append(write(job, job.token_event(out.index, out.new_token_ids, out.new_text, logprobs, consumer)))
+            logprobs = None if out.new_logprobs is None else logprobs_to_json(out.new_logprobs)
+            event = job.token_event(index, out.new_token_ids, out.new_text, logprobs, consumer)
+            events.append(EventWrite(job.request_id, job.result_stream, job.events_channel, event))
         if not out.finished:
             continue
         if out.finish_reason == "error":  # terminal for every choice of the request
