@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.offline_throughput import MAX_LEN, MAX_NUM_BATCHED_TOKENS, MIN_LEN, NUM_SEQS, workload
+from bench.offline_throughput import MAX_NUM_BATCHED_TOKENS, NUM_SEQS, workload
 from bench.service_clients import CLIENT_PROCS, SERVED_NAME, run_clients, sequential
 from bench.service_processes import (
     STEM,
@@ -47,9 +47,17 @@ from bench.service_processes import (
     worker_cpu_split,
 )
 from bench.service_report import markdown
+from bench.service_workload import (
+    median_run,
+    more_workloads,
+    percentile,
+    repeat_seeds,
+    run_figures,
+    shape,
+    workloads,
+)
 
 MODEL = "Qwen3-0.6B"
-TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS = 20, 128, 16
 BATCH_WINDOW_MS = 1.0
 # NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
 # subscription is on the process's shared connection); a pool of redis-py's old default of 100 answered 503.
@@ -99,59 +107,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _shape(dry_run: bool, num_seqs: int | None = None) -> tuple[int, int, int, int, int, int]:
-    """(sequences, min length, max length, TTFT requests, TTFT prompt, TTFT new tokens)."""
-    if dry_run:
-        return num_seqs or 8, 10, 40, 5, 32, 4
-    return num_seqs or NUM_SEQS, MIN_LEN, MAX_LEN, TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS
-
-
-def _workloads(vocab_size: int, dry_run: bool, num_seqs: int | None = None) -> tuple[list, list, list, list]:
-    num, lo, hi, ttft_n, ttft_len, _ = _shape(dry_run, num_seqs)
-    prompts, prompt_lens, output_lens = workload(vocab_size, num, lo, hi, seed=0)
-    ttft_prompts, _, _ = workload(vocab_size, ttft_n, ttft_len, ttft_len, seed=2)
-    return prompts, prompt_lens, output_lens, ttft_prompts
-
-
-def _repeat_seeds(repeats: int) -> list[int]:
-    """The throughput workload's seeds: 0 first (the one BENCHMARKS.md names), then others that
-    avoid the warm-up's and the TTFT prompts' seeds (1 to 3)."""
-    return [0] + [100 + i for i in range(1, repeats)]
-
-
-def _more_workloads(vocab_size: int, args: argparse.Namespace) -> list[tuple[int, list, list, list]]:
-    """(seed, prompts, prompt lengths, output lengths) of the repeats after seed 0's run."""
-    num, lo, hi = _shape(args.dry_run, args.num_seqs)[:3]
-    return [(seed, *workload(vocab_size, num, lo, hi, seed=seed)) for seed in _repeat_seeds(args.repeats)[1:]]
-
-
-def _run_figures(seed: int, elapsed: float, prompt_lens: list[int], output_lens: list[int]) -> dict:
-    return {
-        "seed": seed,
-        "elapsed_s": elapsed,
-        "output_tok_s": sum(output_lens) / elapsed,
-        "total_tok_s": (sum(output_lens) + sum(prompt_lens)) / elapsed,
-    }
-
-
-def _median_run(runs: list[dict]) -> dict:
-    """The run with the median output throughput (the lower one of the middle two for an even count)."""
-    ranked = sorted(runs, key=lambda run: run["output_tok_s"])
-    return ranked[(len(ranked) - 1) // 2]
-
-
 def _warm_engine(engine) -> None:
     """The warm-up of bench/offline_throughput.py: 8 short sequences (compiles the mixed-batch kernels)."""
     from bench.offline_throughput import run_workload
 
     warm_prompts, _, warm_outputs = workload(engine.vocab_size, 8, 16, 300, seed=1)
     run_workload(engine, warm_prompts, [min(o, 16) for o in warm_outputs])
-
-
-def _percentile(values: list[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 # ---- phase 1: the offline engine (child process) -------------------------------------------------
@@ -165,14 +126,16 @@ def _offline_child(args: argparse.Namespace) -> None:
     device = torch.device("cpu" if args.dry_run else "cuda")
     directory = Path(args.model_dir)
     engine = build_engine(directory, device, args.dry_run)
-    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(engine.vocab_size, args.dry_run, args.num_seqs)
+    prompts, prompt_lens, output_lens, ttft_prompts = workloads(engine.vocab_size, args.dry_run, args.num_seqs)
     _warm_engine(engine)
-    runs = [_run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
-    for seed, more_prompts, more_prompt_lens, more_output_lens in _more_workloads(engine.vocab_size, args):
+    runs = [run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
+    for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
+        engine.vocab_size, args.dry_run, args.num_seqs, args.repeats
+    ):
         elapsed = run_workload(engine, more_prompts, more_output_lens)
-        runs.append(_run_figures(seed, elapsed, more_prompt_lens, more_output_lens))
+        runs.append(run_figures(seed, elapsed, more_prompt_lens, more_output_lens))
     ttfts = []
-    new_tokens = _shape(args.dry_run)[5]
+    new_tokens = shape(args.dry_run)[5]
     for i, prompt in enumerate(ttft_prompts):
         params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
         start, first = time.perf_counter(), None
@@ -182,7 +145,7 @@ def _offline_child(args: argparse.Namespace) -> None:
                 if first is None and out.new_token_ids:
                     first = time.perf_counter()
         ttfts.append((first - start) * 1000)
-    median = _median_run(runs)
+    median = median_run(runs)
     result = {
         "meta": environment(device),
         "elapsed_s": median["elapsed_s"],
@@ -234,7 +197,7 @@ def _worker_child(args: argparse.Namespace) -> None:
 
 # ---- phase 2: the service (this process) -----------------------------------------------------------
 def _measure_service(args, directory: Path, out: Path) -> dict:
-    prompts, prompt_lens, output_lens, ttft_prompts = _workloads(_vocab(directory), args.dry_run, args.num_seqs)
+    prompts, prompt_lens, output_lens, ttft_prompts = workloads(_vocab(directory), args.dry_run, args.num_seqs)
     redis_server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
     if not redis_server:
         raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
@@ -287,7 +250,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         ]
         for api_base in bases:
             service.wait_ready(api_base, 300)
-        new_tokens = _shape(args.dry_run)[5]
+        new_tokens = shape(args.dry_run)[5]
         warm, _, warm_out = workload(_vocab(directory), 8, 16, 300, seed=3)
         run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])
         sequential(base, ttft_prompts[:3], new_tokens)
@@ -302,19 +265,21 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         worker.send_signal(signal.SIGUSR2)
         stop_profiler(profiler)
         worker_phases = read_when_written(phases_path, 10.0)
-        runs = [_run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
-        for seed, more_prompts, more_prompt_lens, more_output_lens in _more_workloads(_vocab(directory), args):
+        runs = [run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
+        for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
+            _vocab(directory), args.dry_run, args.num_seqs, args.repeats
+        ):
             more_rows, _, more_elapsed = run_clients(
                 bases, list(zip(more_prompts, more_output_lens, strict=True)), not args.cold_clients
             )
-            runs.append(_run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
+            runs.append(run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
         service.check()
     finally:
         service.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
         os.sched_setaffinity(0, all_cpus)
     loaded_ttft = [(r["first"] - r["start"]) * 1000 for r in rows]
-    median = _median_run(runs)
+    median = median_run(runs)
     # NOTE: the timeline, the CPU shares and the worker's phases are of the first (seed 0) run.
     return {
         "timeline_s": _timeline(rows, worker_phases),
@@ -324,11 +289,11 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "runs": runs,
         "ttft_ms": ttfts,
         "headers_ms": headers_ms,
-        "headers_p50_ms": _percentile(headers_ms, 50),
+        "headers_p50_ms": percentile(headers_ms, 50),
         "worker_cpus": sorted(split[0]) if split else None,
         "other_cpus": len(split[1]) if split else None,
-        "loaded_ttft_p50_ms": _percentile(loaded_ttft, 50),
-        "loaded_ttft_p99_ms": _percentile(loaded_ttft, 99),
+        "loaded_ttft_p50_ms": percentile(loaded_ttft, 50),
+        "loaded_ttft_p99_ms": percentile(loaded_ttft, 99),
         "cpu_s": {**cpu, "clients": client_cpu},
         "cpu_frac_of_elapsed": {name: s / elapsed for name, s in {**cpu, "clients": client_cpu}.items()},
         "client_procs": CLIENT_PROCS,
@@ -363,13 +328,13 @@ def _vocab(directory: Path) -> int:
 
 
 def _result(args, offline: dict, service: dict, directory: Path) -> dict:
-    num, lo, hi, ttft_n, ttft_len, ttft_new = _shape(args.dry_run, args.num_seqs)
-    off_p50, svc_p50 = _percentile(offline["ttft_ms"], 50), _percentile(service["ttft_ms"], 50)
+    num, lo, hi, ttft_n, ttft_len, ttft_new = shape(args.dry_run, args.num_seqs)
+    off_p50, svc_p50 = percentile(offline["ttft_ms"], 50), percentile(service["ttft_ms"], 50)
     return {
         "meta": offline.pop("meta"),
         "model": args.model,
         "workload": {"num_seqs": num, "min_len": lo, "max_len": hi, "seed": 0,
-                     "seeds": _repeat_seeds(args.repeats),
+                     "seeds": repeat_seeds(args.repeats),
                      "max_num_seqs": NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                      "ttft_requests": ttft_n, "ttft_prompt_tokens": ttft_len, "ttft_new_tokens": ttft_new},
         "offline": offline,
