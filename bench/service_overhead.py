@@ -56,6 +56,7 @@ from bench.service_workload import (
     shape,
     workloads,
 )
+from worker.window import DEFAULT_GAP_FRACTION
 
 MODEL = "Qwen3-0.6B"
 BATCH_WINDOW_MS = 1.0
@@ -300,6 +301,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "api_replicas": args.api_replicas,
         "warm_clients": not args.cold_clients,
         "batch_window_ms": args.batch_window_ms,
+        "batch_window_gap_ms": args.batch_window_ms * DEFAULT_GAP_FRACTION,  # the worker's default gap
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
         "worker_phases": worker_phases,
     }

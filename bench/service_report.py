@@ -112,7 +112,13 @@ def markdown(r: dict) -> str:
         "process(es) (uvicorn; client processes spread over them), a private "
         f"redis-server (AOF everysec; the API's Redis pool set to {svc['api_redis_max_connections']} connections: "
         "its streams share one pub/sub connection per process) "
-        f"and one worker (batch window {svc['batch_window_ms']:g} ms); "
+        f"and one worker (batch window {svc['batch_window_ms']:g} ms"
+        + (
+            f", closed early after {svc['batch_window_gap_ms']:g} ms without arrivals"
+            if "batch_window_gap_ms" in svc
+            else ""
+        )
+        + "); "
         "the offline "
         "engine ran the same workload in its own process just before. TTFT: "
         f"{w['ttft_requests']} sequential requests, {w['ttft_prompt_tokens']}-token prompt, "

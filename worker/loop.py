@@ -101,7 +101,7 @@ class Worker(IntakeLoop):
             trim=self.intake.trim_acknowledged if settings.trim_requests else None,
         )
         self.jobs: dict[str, Job] = {}  # request id -> job in the engine
-        self.window = BatchWindow(settings.batch_window_ms)
+        self.window = BatchWindow(settings.batch_window_ms, settings.batch_window_gap_ms)
         self.step_log: deque[StepLog] = deque(maxlen=STEP_LOG_SIZE)
         self.started = time.time()
         self.ready = threading.Event()  # set when the loop starts reading

@@ -61,6 +61,11 @@ class WorkerSettings(BaseSettings):
     batch_window_ms: float = Field(
         5.0, ge=0, description="Wait this long after an arrival to gather more so their prefills run together."
     )
+    batch_window_gap_ms: float | None = Field(
+        None,
+        ge=0,
+        description="Close the window early once nothing new arrived for this long (default: a quarter of the window).",
+    )
     idle_block_ms: int = Field(500, ge=1, description="Longest blocking read when idle (how fast a stop is seen).")
     lease_ms: int = Field(
         30_000,
