@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from bench.report import write_json
 from bench.service_processes import free_port
 from worker.protocol import Keys, ModelInfo
 
@@ -125,10 +125,7 @@ def main(argv=None) -> dict:
         server.terminate()
         server.wait(20)
         shutil.rmtree(data_dir, ignore_errors=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "api_submit_latency.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    write_json(args.out, "api_submit_latency.json", result)
     return result
 
 

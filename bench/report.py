@@ -1,6 +1,19 @@
-"""Markdown tables for every benchmark report (stdlib only, so any bench can import it)."""
+"""Markdown tables for every benchmark report, and the JSON of the small ones (stdlib only, so any
+bench can import it)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_json(out: Path | str, name: str, result: dict) -> None:
+    """`result` as `name` in the folder `out` (made if missing), and printed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1)
+    (out / name).write_text(text)
+    print(text)
 
 
 def table(rows: list[dict], columns: list[tuple[str, str, str]], drop_absent: bool = False) -> str:

@@ -12,11 +12,12 @@ token each (the decode steady state). Writes worker_events.json into $OUT.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from bench.report import write_json
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -61,10 +62,7 @@ def main(argv=None) -> dict:
         "events_ms": _best_ms(lambda: events_for_outputs(jobs, outputs, "worker-0")),
         "pack_and_pickle_ms": _best_ms(lambda: ForkingPickler.dumps(_pack(Batch(events=events)))),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "worker_events.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    write_json(args.out, "worker_events.json", result)
     return result
 
 

@@ -11,8 +11,8 @@ While the engine has work, the reads ride inside the step: once the forward pass
 engine calls `_read_during_step`, which sends the cancel check and the read of new messages
 without waiting (worker/step_reads.py); their replies are read once the step's outputs are
 turned into events and handed to the publisher, so the round trip overlaps the GPU and the loop's
-own work. The next iteration
-admits the messages found. Reading and admitting live in worker/loop_intake.py.
+own work. The next iteration admits the messages found. Reading and admitting live in
+worker/loop_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -236,16 +236,13 @@ class Worker(IntakeLoop):
             self.redis_backoff.success()
 
     # ---- cancels, deadlines, takeovers -------------------------------------------------------------
-    def _check_cancels(self, batch: Batch | None = None) -> bool:
-        """A cancel check in round trips of its own; the aborts' events go into `batch` (a batch of
-        their own, submitted here, when None)."""
-        own = batch is None
-        batch = Batch() if batch is None else batch
+    def _check_cancels(self) -> bool:
+        """A cancel check in round trips of its own, while no step runs (nothing else would read it)."""
+        batch = Batch()
         self._abort_cancelled(self.cancels.check(self.client, list(self.jobs)), batch)
-        if own:
-            self.publisher.submit(batch)
-            if batch.events:
-                self._refresh_stats()
+        self.publisher.submit(batch)
+        if batch.events:
+            self._refresh_stats()
         return True
 
     def _finish_step_reads(self, batch: Batch) -> bool:
@@ -254,8 +251,11 @@ class Worker(IntakeLoop):
         submitted after the step's own). A step that sent nothing (nothing was launched) checks
         cancels on its own."""
         sent, self._step_reads_sent = self._step_reads_sent, None
-        if sent is None:
-            return self._check_cancels(batch) if self.jobs else False
+        if sent is None:  # the round trips the step could not carry
+            if not self.jobs:
+                return False
+            self._abort_cancelled(self.cancels.check(self.client, list(self.jobs)), batch)
+            return True
         replies = self.step_reads.receive()
         if sent.read_new:
             self._receive(self.intake.new_deliveries(replies[sent.num_cancel_commands]))

@@ -43,9 +43,10 @@ class IntakeLoop:
         cancel_ids = list(self.jobs)
         commands = self.cancels.commands(cancel_ids)
         num_cancel_commands = len(commands)
-        read_new = not self.is_draining and self._num_free_slots() > 0 and self._has_kv_room()
+        free_slots = self._num_free_slots()
+        read_new = not self.is_draining and free_slots > 0 and self._has_kv_room()
         if read_new:
-            commands.append(self.intake.read_new_command(self._num_free_slots()))
+            commands.append(self.intake.read_new_command(free_slots))
         if not commands:
             return reached
         self.step_reads.send(commands)
