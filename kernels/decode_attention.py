@@ -35,6 +35,7 @@ import triton.language as tl
 
 from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms, ticket_counters
 from kernels._online_softmax import attend_tile
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 from kernels.prefill_attention import check_paged_kv, load_kv_tile, paged_prefill_attention_ref
 
 MAX_SPLITS = 64
@@ -78,7 +79,10 @@ def _decode_kernel(
     MERGE_HERE: tl.constexpr,  # the last split merges (else _merge_splits_kernel runs after)
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -202,8 +206,11 @@ def _merge_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     P_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """merge="kernel": one program per (sequence, query head) after the decode kernel."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), HEAD_DIM, BLOCK_D,
                      NUM_SPLITS, BLOCK_P, 1, 1, P_CHUNK)  # fmt: skip
 
@@ -304,13 +311,13 @@ def paged_decode_attention(
         BLOCK_GROUP=triton.next_power_of_2(group), PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
         BLOCK_P=block_p, P_CHUNK=_merge_chunk(triton.next_power_of_2(group), block_d, block_p),
         MERGE_HERE=merge == "last_split", DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
-        **config,
+        **config, **pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and merge == "kernel":
         _merge_splits_kernel[(num_seqs * num_heads,)](
             part_out, part_lse, out,
             HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, BLOCK_P=block_p,
-            P_CHUNK=_merge_chunk(1, block_d, block_p), num_warps=4,
+            P_CHUNK=_merge_chunk(1, block_d, block_p), num_warps=4, **pdl_options(q.device),
         )  # fmt: skip
     return out
 

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_device, check_float, check_last_dim_contiguous
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 4, 512, 8, 3
 
@@ -43,11 +44,23 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # The first chunk of weights is loaded before the wait for the kernel before (kernels/_pdl.py):
+    # with PDL it streams while that kernel finishes. The loop goes on from the second chunk.
+    # NOTE: a first chunk 2-4x wider (all of K at 1B) made the 1B / 8B steps 3-5x slower (H100,
+    # bench/results/h100/decode_ab_session10.md), so it is one loop chunk. So did an unrolled loop
+    # (2 or 4 chunks an iteration, their loads issued together): 1B 1.19 -> 1.21-1.23 ms, 8B 5.78 -> 5.99-6.17.
+    k = tl.arange(0, BLOCK_K)
+    k_mask = k < K
+    w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    pdl_wait(PDL)
+    x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
         x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
@@ -78,7 +91,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(num_out, BLOCK_N),)](
         x, weight, bias if bias is not None else weight, y, num_out, num_in, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl_options(x.device),
     )  # fmt: skip
     return y
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_device, check_float, interpreting, num_sms, ticket_counters
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 BLOCK_V = 2048
 MAX_CHUNKS = 128
@@ -48,7 +49,10 @@ def _greedy_kernel(
     stride_row,
     BLOCK_C: tl.constexpr,  # MAX_CHUNKS: one compiled variant for every C
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     base = logits_ptr + row.to(tl.int64) * stride_row
@@ -117,7 +121,7 @@ def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.T
     _greedy_kernel[(num_rows, chunks)](
         logits, part_max, part_idx, part_bad, ticket_counters(num_rows, logits.device), out,
         num_rows, chunks, vocab, logits.stride(0),
-        BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=8,
+        BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=8, **pdl_options(logits.device),
     )  # fmt: skip
     return out
 

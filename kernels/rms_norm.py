@@ -27,6 +27,7 @@ from kernels._launch import (
     check_float,
     warps_for,
 )
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 MAX_COLS = 65536  # one row lives in registers; wider rows would spill
 TILE_KEYS = ("BLOCK_R", "num_warps")
@@ -50,7 +51,10 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -119,7 +123,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         num_rows, x3.shape[1],
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         n_cols, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, **config,
+        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, **config, **pdl_options(x.device),
     )  # fmt: skip
     return out, new_residual
 

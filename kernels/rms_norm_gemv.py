@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_device, check_float, check_last_dim_contiguous
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
@@ -48,6 +49,19 @@ from kernels.silu_and_mul import silu_and_mul_ref
 TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
 SWIGLU_TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
 TILE_KEYS = tuple(TILES)
+
+
+@triton.jit
+def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL: tl.constexpr):
+    """One chunk of the norm's input: (h * g, h * h) in fp32, h = x (+ residual, written by program 0)."""
+    h = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        # NOTE: the sum is rounded to the activation dtype before it is normalized, as the
+        # unfused model stores it (and kernels/rms_norm.py's fused add does).
+        summed = (h + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(new_res_ptr.dtype.element_ty)
+        tl.store(new_res_ptr + k, summed, mask=k_mask & (pid == 0))
+        h = summed.to(tl.float32)
+    return h * tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32), h * h
 
 
 @triton.jit
@@ -68,28 +82,34 @@ def _rms_norm_gemv_kernel(
     SWIGLU: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < num_rows
     w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # gate rows under SwiGLU
     if SWIGLU:
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         up_rows = w_ptr + (n[:, None] + num_rows).to(tl.int64) * stride_wn
-    sum_sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # The first chunk of weights is loaded before the wait for the kernel before (kernels/_pdl.py):
+    # with PDL it streams while that kernel finishes. The loop goes on from the second chunk (a wider
+    # first chunk was 3-5x slower: kernels/gemv.py).
+    k = tl.arange(0, BLOCK_K)
+    k_mask = k < K
+    wk_mask = n_mask[:, None] & k_mask[None, :]
+    w = tl.load(w_rows + k[None, :], mask=wk_mask, other=0.0)
+    if SWIGLU:
+        w_up = tl.load(up_rows + k[None, :], mask=wk_mask, other=0.0)
+    pdl_wait(PDL)
+    hg, sum_sq = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
+    acc = w.to(tl.float32) * hg[None, :]  # gate rows under SwiGLU
+    if SWIGLU:
+        acc_up = w_up.to(tl.float32) * hg[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
-        h = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            # NOTE: the sum is rounded to the activation dtype before it is normalized, as the
-            # unfused model stores it (and kernels/rms_norm.py's fused add does).
-            summed = (h + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(new_res_ptr.dtype.element_ty)
-            tl.store(new_res_ptr + k, summed, mask=k_mask & (pid == 0))
-            h = summed.to(tl.float32)
-        sum_sq += h * h
-        hg = h * tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        hg, chunk_sq = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
+        sum_sq += chunk_sq
         wk_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_rows + k[None, :], mask=wk_mask, other=0.0)
         acc += w.to(tl.float32) * hg[None, :]
@@ -164,6 +184,7 @@ def rms_norm_gemv(
         x, residual if residual is not None else x, norm_weight, weight, bias if bias is not None else weight,
         y, new_residual, num_rows, x.shape[1], weight.stride(0), float(eps),
         HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu, **config,
+        **pdl_options(x.device),
     )  # fmt: skip
     return y, new_residual
 

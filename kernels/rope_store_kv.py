@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_device, check_float
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 from kernels.kv_store import check_kv_and_pool, store_kv_ref, token_tile_slots
 from kernels.rms_norm import rms_norm_ref
 from kernels.rope import (
@@ -106,7 +107,10 @@ def _rope_store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     HAS_QK_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     t, keep, cache_row = token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T)
     cos, sin = load_cos_sin(pos_ptr, cos_sin_ptr, t, num_tokens, stride_cos_sin, HALF, BLOCK_HALF)
     d = tl.arange(0, BLOCK_HALF)[None, None, :]
@@ -175,7 +179,7 @@ def rope_store_kv(
         cos_sin_cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HAS_QK_NORM=qk_norm is not None,
-        **config,
+        **config, **pdl_options(q.device),
     )  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_device, check_float, spread_block, warps_for_block
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 
 @triton.jit
@@ -24,7 +25,10 @@ def _silu_and_mul_kernel(
     inter,  # I
     stride_x_row,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -49,7 +53,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     block = min(spread_block(out.numel()), triton.next_power_of_2(inter))
     grid = (x2.shape[0], triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](x2, out, inter, x2.stride(0), BLOCK=block, num_warps=warps_for_block(block))
+    _silu_and_mul_kernel[grid](
+        x2, out, inter, x2.stride(0), BLOCK=block, num_warps=warps_for_block(block), **pdl_options(x.device)
+    )
     return out
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine import ops
+from kernels._pdl import use_pdl
 from kernels.gemv import gemv, gemv_ref
 
 ON_GPU = torch.cuda.is_available()
@@ -57,10 +58,12 @@ def test_gemv_refuses_what_it_does_not_do(device):
 
 
 def test_ops_dispatch_one_token_and_large_weights_to_the_kernel(device):
-    big = torch.empty(ops.GEMV_MIN_FEATURES, ops.GEMV_MIN_FEATURES, device=device)
-    narrow = torch.empty(ops.GEMV_MIN_FEATURES // 2, ops.GEMV_MIN_FEATURES, device=device)
-    one = torch.empty(1, ops.GEMV_MIN_FEATURES, device=device)
-    three = torch.empty(3, ops.GEMV_MIN_FEATURES, device=device)
+    least = ops.gemv_min_features(device)
+    assert least == (ops.GEMV_MIN_FEATURES_PDL if use_pdl(device) else ops.GEMV_MIN_FEATURES)
+    big = torch.empty(least, least, device=device)
+    narrow = torch.empty(least // 2, least, device=device)
+    one = torch.empty(1, least, device=device)
+    three = torch.empty(3, least, device=device)
     with ops.kernel_backend("triton"):
         assert ops.uses_gemv(one, big)
         assert not ops.uses_gemv(three, big)  # a matmul: cuBLAS

@@ -1,0 +1,100 @@
+"""Programmatic dependent launch (kernels/_pdl.py): when it is on, and that a chain of dependent
+kernels launched with it, replayed from a CUDA graph on new inputs, gives bit for bit what the
+same kernels give launched in plain stream order (a kernel reading before its wait would read
+the previous replay's activations)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels._pdl import parse_pdl_setting, pdl_requested, set_pdl, use_pdl
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.fixture
+def pdl_setting():
+    yield set_pdl
+    set_pdl(None)
+
+
+def test_setting_parses_on_and_off_and_names_the_variable():
+    assert parse_pdl_setting("1") and parse_pdl_setting(" On ") and parse_pdl_setting("true")
+    assert not parse_pdl_setting("0") and not parse_pdl_setting("off")
+    with pytest.raises(ValueError, match="INFERQ_PDL must be 0 or 1, got 'maybe'"):
+        parse_pdl_setting("maybe")
+
+
+def test_override_beats_the_environment_and_cpu_never_uses_it(pdl_setting):
+    pdl_setting(False)
+    assert not pdl_requested()
+    pdl_setting(True)
+    assert pdl_requested()
+    assert not use_pdl(torch.device("cpu"))  # the interpreter has no griddepcontrol
+
+
+def _chain(x, residual, layers):
+    """A decoder-like chain of one-token kernels, each reading the one before's output."""
+    from kernels.gemv import gemv
+    from kernels.rms_norm import fused_add_rms_norm
+    from kernels.rms_norm_gemv import rms_norm_gemv
+    from kernels.silu_and_mul import silu_and_mul
+
+    for norm_w, w_in, w_out in layers:
+        y, residual = rms_norm_gemv(x, residual, norm_w, 1e-5, w_in, swiglu=True)  # SwiGLU inside
+        y = gemv(y, w_out)
+        normed, residual = fused_add_rms_norm(y, residual, norm_w, 1e-5)
+        x = gemv(silu_and_mul(gemv(normed, w_in)), w_out)
+    return x, residual
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+def test_dependent_chain_in_a_cuda_graph_equals_stream_order(pdl_setting):
+    torch.manual_seed(0)
+    hidden, inter = 4096, 4096
+    layers = [
+        (
+            1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16),
+            (torch.randn(2 * inter, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16),
+            (torch.randn(hidden, inter, device="cuda") / inter**0.5).to(torch.bfloat16),
+        )
+        for _ in range(6)
+    ]
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+
+    pdl_setting(True)
+    assert use_pdl(x.device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _chain(x, residual, layers)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out, out_residual = _chain(x, residual, layers)
+
+    for _ in range(4):
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(residual))
+        graph.replay()
+        torch.cuda.synchronize()
+        pdl_setting(False)
+        want, want_residual = _chain(x, residual, layers)
+        pdl_setting(True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(out_residual, want_residual)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+def test_kernels_are_compiled_with_the_launch_attribute_only_when_on(pdl_setting):
+    from kernels.gemv import _gemv_kernel, gemv
+
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16)
+    for enabled in (True, False):
+        pdl_setting(enabled)
+        gemv(x, w)
+    compiled = _gemv_kernel.device_caches[torch.cuda.current_device()][0].values()
+    assert {kernel.metadata.launch_pdl for kernel in compiled} >= {True, False}
