@@ -58,12 +58,22 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiles", default="",
                         help="tiles of kernels/rms_norm_gemv.py in the engine, e.g. 'BLOCK_N=4,num_warps=8' "
                              "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
+    parser.add_argument(
+        "--pdl",
+        choices=("on", "off"),
+        default=None,
+        help="programmatic dependent launch of the kernels (kernels/_pdl.py); default: INFERQ_PDL, on",
+    )
     args = parser.parse_args(argv)
     _set_norm_gemv_tiles(args.tiles)
+    if args.pdl is not None:
+        from kernels._pdl import set_pdl
+
+        set_pdl(args.pdl == "on")
     from engine import ops
 
     if args.gemv_min_features is not None:
-        ops.GEMV_MIN_FEATURES = args.gemv_min_features
+        ops.GEMV_MIN_FEATURES = ops.GEMV_MIN_FEATURES_PDL = args.gemv_min_features
     if args.norm_gemv_min_features is not None:
         ops.NORM_GEMV_MIN_FEATURES = args.norm_gemv_min_features
     if args.swiglu_gemv_max_features is not None:

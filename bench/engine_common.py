@@ -48,10 +48,10 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _one_token_dispatch() -> dict:
+def _one_token_dispatch(device: torch.device) -> dict:
     from engine import ops
 
-    return {"gemv_min_features": ops.GEMV_MIN_FEATURES, "norm_gemv_min_features": ops.NORM_GEMV_MIN_FEATURES,
+    return {"gemv_min_features": ops.gemv_min_features(device), "norm_gemv_min_features": ops.NORM_GEMV_MIN_FEATURES,
             "swiglu_gemv_max_features": ops.SWIGLU_GEMV_MAX_FEATURES}  # fmt: skip
 
 
@@ -68,7 +68,7 @@ def environment(device: torch.device) -> dict:
         "device": str(device),
         "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
         # engine.ops's one-token dispatch thresholds: which projections take the GEMV kernels, SwiGLU inside or not
-        **_one_token_dispatch(),
+        **_one_token_dispatch(device),
         # The host: the service's figures swing with it (bench/results/h100/service_history.md).
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
@@ -77,6 +77,9 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         meta.update(gpu=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+        from kernels._pdl import use_pdl
+
+        meta["pdl"] = use_pdl(device)  # programmatic dependent launch of the decode kernels (kernels/_pdl.py)
     else:
         meta.update(gpu="none (CPU dry run: code paths only, figures meaningless)")
     return meta

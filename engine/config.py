@@ -102,6 +102,9 @@ class EngineConfig:
             "torch" forces the references; "triton" forces the kernels (CPU only under
             TRITON_INTERPRET=1, for tests).
         enforce_eager: disable CUDA graphs.
+        pdl: launch the decode kernels with programmatic dependent launch on sm_90+ GPUs (each starts
+            before the one before it ends; kernels/_pdl.py). Process-wide, like `kernels`; None leaves it
+            as the process has it (INFERQ_PDL, default on).
         async_scheduling: schedule and launch step k+1 before reading step k's tokens, so the
             host's work (scheduling, staging, detokenizing) overlaps the device's; None turns
             it on for CUDA only (on CPU the forward pass runs on the host, nothing overlaps, and
@@ -116,6 +119,7 @@ class EngineConfig:
     device: str = "auto"
     kernels: str = "auto"
     enforce_eager: bool = False
+    pdl: bool | None = None
     async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:

@@ -32,6 +32,7 @@ from engine.tokenizer import (
     load_generation_config,
     load_tokenizer,
 )
+from kernels._pdl import set_pdl
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class LLMEngine(OutputProcessing):
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         ops.set_kernel_backend(config.kernels)
+        if config.pdl is not None:  # None: as the process has it (INFERQ_PDL, or set_pdl by a benchmark)
+            set_pdl(config.pdl)
         started = time.monotonic()
         loaded = load_model(config.model, self.device, self.dtype, cache_dir=cache_dir)
         self.model = loaded.model

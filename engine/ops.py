@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention_metadata import AttentionMetadata
+from kernels._pdl import use_pdl
 from kernels.decode_attention import paged_decode_attention_ref
 from kernels.gelu_tanh import gelu_tanh_ref
 from kernels.greedy_sample import greedy_sample_ref
@@ -95,14 +96,23 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 # The one-token dispatch, each figure from an engine A/B of batch-1 decode (H100, session 7; see linear
 # and rms_norm_linear). Module-level so that a benchmark can move them (bench/decode_latency.py flags).
 GEMV_MIN_FEATURES = 4096  # projections with both dims at least this: kernels/gemv.py
+# ... and this where the kernels launch with PDL (kernels/_pdl.py): a Llama-3.2-1B layer's o and down projections
+# then chain with the kernels around them instead of breaking the chain as cuBLAS kernels do. H100, 1B step:
+# 1.19 ms against 1.24-1.25 ms at 4096 (and 4096 vs 2048 without PDL: 1.24 vs 1.25); decode_ab_session10.md.
+GEMV_MIN_FEATURES_PDL = 2048
 NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
 SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden size K is at most this
 
 
+def gemv_min_features(device: torch.device) -> int:
+    """The least weight dims that take kernels/gemv.py at one token on `device`."""
+    return min(GEMV_MIN_FEATURES, GEMV_MIN_FEATURES_PDL) if use_pdl(device) else GEMV_MIN_FEATURES
+
+
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, min_features: int | None = None) -> bool:
     """Whether a one-token kernel takes x @ weight^T: one token, on the Triton backend, and a weight
-    of at least min_features (default GEMV_MIN_FEATURES) in each dim."""
-    least = GEMV_MIN_FEATURES if min_features is None else min_features
+    of at least min_features (default gemv_min_features) in each dim."""
+    least = gemv_min_features(x.device) if min_features is None else min_features
     return x.dim() == 2 and x.shape[0] == 1 and min(weight.shape) >= least and use_triton(x)
 
 
@@ -111,10 +121,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     NOTE: dispatch by measurement (H100, batch-1 decode with CUDA graphs, session 6): with every
     Llama-3.1-8B projection on the kernel the step went from 6.17 to 5.99 ms; with the 3.2-1B
-    shapes (K = 2048, or N = 2048 for its down projection) on it the step was 0.7-3% slower,
-    although each of them alone was as fast or faster than cuBLAS in bench/gemv_sweep.py. Why
-    was not profiled; a guess is that short programs (4 tiles of K at K = 2048) hide their start-up
-    latency worse between back-to-back kernels than in the sweep's runs of one shape.
+    shapes (K = 2048, or N = 2048 for its down projection) on it the step was 0.5-3% slower,
+    although each of them alone was as fast or faster than cuBLAS in bench/gemv_sweep.py: short
+    programs (4 tiles of K at K = 2048) start up between back-to-back kernels. With programmatic
+    dependent launch (kernels/_pdl.py) that start-up overlaps the kernel before, and the same
+    shapes on the kernel made the 1B step 4.4% faster (session 10): hence gemv_min_features.
     """
     if uses_gemv(x, weight):
         from kernels.gemv import gemv

@@ -41,6 +41,10 @@ class WorkerSettings(BaseSettings):
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     kernels: Literal["auto", "torch", "triton"] = Field("auto", description="Triton kernels or torch references.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    pdl: bool | None = Field(
+        None,
+        description="Programmatic dependent launch of the decode kernels on sm_90+ GPUs; default: on.",
+    )
     async_scheduling: bool | None = Field(
         None,
         description="Launch step k+1 before reading step k's tokens (host work overlaps the GPU); "
@@ -132,5 +136,6 @@ class WorkerSettings(BaseSettings):
             device=self.device,
             kernels=self.kernels,
             enforce_eager=self.enforce_eager,
+            pdl=self.pdl,
             async_scheduling=self.async_scheduling,
         )

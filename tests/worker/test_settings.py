@@ -47,6 +47,16 @@ def test_flags_win_over_environment(monkeypatch):
     assert config.scheduler.max_num_seqs == 8 and config.scheduler.policy == "priority"
 
 
+def test_pdl_is_left_to_the_kernels_unless_set(monkeypatch):
+    """INFERQ_PDL reaches the engine config (LLMEngine then forces kernels/_pdl.py's switch); unset it
+    stays None, which leaves the kernels' own default (on where the GPU has it)."""
+    monkeypatch.delenv("INFERQ_PDL", raising=False)
+    assert WorkerSettings.from_cli([]).engine_config().pdl is None
+    monkeypatch.setenv("INFERQ_PDL", "false")
+    assert WorkerSettings.from_cli([]).engine_config().pdl is False
+    assert WorkerSettings.from_cli(["--pdl", "true"]).engine_config().pdl is True  # flags win
+
+
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
