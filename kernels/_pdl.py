@@ -4,6 +4,7 @@ Without it, a kernel's programs start only after every program of the kernel bef
 finished and its writes are flushed: each boundary costs the launch, the first loads' DRAM
 latency and the previous kernel's tail, in which a few programs finish on an otherwise idle GPU.
 At batch-1 decode a step is ~100-200 such boundaries between short weight-streaming kernels.
+Every Triton kernel here takes part except prefill attention (long, compute-bound programs).
 
 With PDL a kernel launched with `launch_pdl=True` may start once every program of the kernel
 before it has called `griddepcontrol.launch_dependents` (or exited). Its programs must then call

@@ -14,12 +14,15 @@ import triton
 import triton.language as tl
 
 from kernels._launch import check_device, check_float, spread_block, warps_for_block
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 SQRT_2_OVER_PI: tl.constexpr = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _gelu_tanh_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+def _gelu_tanh_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -37,7 +40,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     if x.numel():
         block = spread_block(x.numel())
         _gelu_tanh_kernel[(triton.cdiv(x.numel(), block),)](
-            x, out, x.numel(), BLOCK=block, num_warps=warps_for_block(block)
+            x, out, x.numel(), BLOCK=block, num_warps=warps_for_block(block), **pdl_options(x.device)
         )
     return out
 

@@ -36,6 +36,7 @@ from kernels._launch import (
     check_last_dim_contiguous,
     token_tile,
 )
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 
 @triton.jit
@@ -69,7 +70,10 @@ def _store_kv_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     t, keep, cache_row = token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T)
     d = tl.arange(0, BLOCK_D)[None, None, :]
     for h0 in range(0, num_heads, BLOCK_H):
@@ -131,7 +135,7 @@ def store_kv(
         num_tokens, num_heads, head_dim, k_cache.shape[1],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_H=block_h, BLOCK_D=block_d, **config,
+        BLOCK_H=block_h, BLOCK_D=block_d, **config, **pdl_options(k.device),
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import as_row_grid, check_device, check_float, warps_for
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 MAX_COLS = 65536  # one row lives in registers; wider rows would spill
 
@@ -34,7 +35,10 @@ def _layer_norm_kernel(
     eps,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -75,7 +79,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     _layer_norm_kernel[(triton.cdiv(num_rows, block_r),)](
         x3, weight.contiguous(), bias.contiguous(), out,
         num_rows, x3.shape[1], x3.stride(0), x3.stride(1), n_cols, float(eps),
-        BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps_for(block_r * block_n),
+        BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps_for(block_r * block_n), **pdl_options(x.device),
     )  # fmt: skip
     return out
 

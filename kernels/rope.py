@@ -28,6 +28,7 @@ from kernels._launch import (
     check_last_dim_contiguous,
     token_tile,
 )
+from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 
 @triton.jit
@@ -93,7 +94,10 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cos, sin = load_cos_sin(pos_ptr, cache_ptr, t, num_tokens, stride_cache, HALF, BLOCK_HALF)
     rotate_heads_in_place(q_ptr, t, num_tokens, num_q_heads, stride_qt, stride_qh, cos, sin, HALF, BLOCK_HALF, BLOCK_H)
@@ -156,7 +160,7 @@ def apply_rope(
         q, k, positions, cos_sin_cache,
         num_tokens, q.shape[1], k.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        **config,
+        **config, **pdl_options(q.device),
     )  # fmt: skip
 
 
