@@ -32,7 +32,7 @@ from engine.tokenizer import (
     load_generation_config,
     load_tokenizer,
 )
-from kernels._pdl import set_pdl
+from kernels._pdl import set_pdl, use_pdl
 
 logger = logging.getLogger(__name__)
 
@@ -115,11 +115,13 @@ class LLMEngine(OutputProcessing):
         self._num_generated = 0
         self._num_prompt_computed = 0
         logger.info(
-            "engine ready: %s on %s (%s), max_model_len %d, %.1fs",
+            "engine ready: %s on %s (%s), max_model_len %d, kernels %s, PDL %s, %.1fs",
             self.model_dir,
             self.device,
             self.dtype,
             self.max_model_len,
+            ops.get_kernel_backend(),
+            "on" if use_pdl(self.device) else "off",
             time.monotonic() - started,
         )
 
