@@ -1,0 +1,169 @@
+"""Compiles every Triton kernel of kernels/ for an H100 (sm_90) on a machine without a GPU, and reports
+each variant's registers and spills from its SASS.
+
+    python -m bench.compile_check            # a table; exit status 1 if a variant fails to compile
+    python -m bench.compile_check --sass DIR # also writes each variant's SASS into DIR
+
+Why: the CPU interpreter runs Python, so code that Triton's compiler rejects passes every CPU test. A
+return under a constexpr `if`, or a loop-carried name whose shape changes, passes there and fails only
+on the GPU. One device call of session 10 was lost that way. The compiler, ptxas and nvdisasm ship in
+the triton wheel, so none of this needs a GPU. Spills (local loads and stores in the SASS) are what a
+kernel change most often costs without anyone noticing.
+
+NOTE: run without TRITON_INTERPRET (the interpreter's kernels cannot be compiled). The tests run it in
+a subprocess of its own. Each variant is one representative launch of the engine (bf16, the Llama-3
+shapes' constexprs); the pointer and integer types follow the engine's tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TARGET = ("cuda", 90, 32)  # H100: sm_90, warp size 32
+# Pointer arguments that are not bf16 activations or weights, by name.
+POINTER_TYPES = {
+    "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32", "counter_ptr": "*i32",
+    "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "part_max_ptr": "*fp32", "part_idx_ptr": "*i32",
+    "part_bad_ptr": "*i32", "pos_ptr": "*i64", "slot_ptr": "*i64", "cache_ptr": "*fp32", "cos_sin_ptr": "*fp32",
+}  # fmt: skip
+FLOAT_SCALARS = {"eps", "norm_eps", "qk_scale"}
+
+
+@dataclass
+class Variant:
+    module: str
+    kernel: str
+    constexprs: dict
+    options: dict = field(default_factory=lambda: {"num_warps": 4, "num_stages": 3})
+    label: str = ""
+
+
+def _variants() -> list[Variant]:
+    import triton.language as tl
+
+    pdl = {"PDL": True}
+    on = {"launch_pdl": True}
+    decode = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_G=16, BLOCK_GROUP=4, BLOCK_N=64, PAGE_SIZE=16,
+                  BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)  # fmt: skip
+    norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, **pdl)
+    rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=8, BLOCK_T=4, **pdl)
+    # the engine's two 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config)
+    prefill = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_Q=32, BLOCK_M=128, PAGE_SIZE=16, DOT_DTYPE=tl.bfloat16,
+                   DOT_PRECISION="tf32")  # fmt: skip
+    return [
+        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, **pdl),
+                {"num_warps": 8, "num_stages": 3, **on}),
+        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=True, BLOCK_N=4, BLOCK_K=512, PDL=False),
+                {"num_warps": 8, "num_stages": 3}, "bias, no PDL"),
+        Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=False), {"num_warps": 4, **on}),
+        Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=True), {"num_warps": 4, **on},
+                "SwiGLU"),
+        Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=33, MERGE_HERE=True),
+                {"num_warps": 4, "num_stages": 3, **on}, "33 splits"),
+        Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=1, BLOCK_P=1, P_CHUNK=1,
+                                                           MERGE_HERE=True), {"num_warps": 4, "num_stages": 3, **on},
+                "1 split"),
+        Variant("decode_attention", "_merge_splits_kernel",
+                dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=33, BLOCK_P=64, P_CHUNK=8, **pdl), {"num_warps": 4, **on}),
+        Variant("prefill_attention", "_prefill_kernel", dict(prefill, BLOCK_N=32), {"num_warps": 4, "num_stages": 4},
+                "queries < 4k"),
+        Variant("prefill_attention", "_prefill_kernel", dict(prefill, BLOCK_N=128), {"num_warps": 8, "num_stages": 3},
+                "queries >= 4k"),
+        Variant("greedy_sample", "_greedy_kernel", dict(BLOCK_C=128, BLOCK_V=2048, **pdl), {"num_warps": 8, **on}),
+        Variant("rms_norm", "_rms_norm_kernel", dict(HAS_RESIDUAL=True, BLOCK_R=1, BLOCK_N=4096, **pdl),
+                {"num_warps": 8, **on}),
+        Variant("layer_norm", "_layer_norm_kernel", dict(BLOCK_R=1, BLOCK_N=1024, **pdl), {"num_warps": 4, **on}),
+        Variant("silu_and_mul", "_silu_and_mul_kernel", dict(BLOCK=2048, **pdl), {"num_warps": 8, **on}),
+        Variant("gelu_tanh", "_gelu_tanh_kernel", dict(BLOCK=2048, **pdl), {"num_warps": 8, **on}),
+        Variant("rope", "_rope_kernel", rope, {"num_warps": 4, **on}),
+        Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, HAS_QK_NORM=True), {"num_warps": 4, **on},
+                "q/k norm"),
+        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 4, **on}),
+    ]  # fmt: skip
+
+
+def _signature(fn, constexprs: dict) -> dict:
+    """Argument name -> Triton type: constexprs by name, pointers bf16 unless POINTER_TYPES says, scalars i32."""
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = POINTER_TYPES.get(name, "*bf16")
+        else:
+            signature[name] = "fp32" if name in FLOAT_SCALARS else "i32"
+    return signature
+
+
+def _compile_error(exc: Exception) -> str:
+    """One line: Triton's `at LINE:COL:` and the cause (its message is the source with a caret)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and line.strip() != "^"]
+    where = next((line for line in lines if line.startswith("at ")), "")
+    cause = repr(exc.__cause__) if exc.__cause__ is not None else (lines[-1] if lines else "")
+    return f"{type(exc).__name__} {where} {cause}"[:400]
+
+
+def _nvdisasm() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
+
+
+def compile_variant(variant: Variant, sass_dir: Path | None = None) -> dict:
+    """{kernel, label, ok, error | registers, spill_instructions, shared_bytes} of one variant."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(f"kernels.{variant.module}"), variant.kernel)
+    row = {"kernel": f"{variant.module}.{variant.kernel}", "label": variant.label}
+    # 16-byte aligned pointers and strides, as the engine's tensors are (Triton specializes on it at launch)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+               if n not in variant.constexprs and (n.endswith("_ptr") or n.startswith("stride"))}  # fmt: skip
+    try:
+        source = ASTSource(fn, _signature(fn, variant.constexprs), constexprs=variant.constexprs, attrs=aligned)
+        compiled = triton.compile(source, target=GPUTarget(*TARGET), options=variant.options)
+    except Exception as exc:  # the report names the variant and the compiler's message
+        return {**row, "ok": False, "error": _compile_error(exc)}
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"inferq_compile_check_{os.getpid()}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    sass = subprocess.run([_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    cubin.unlink()
+    if sass_dir is not None:
+        suffix = "." + re.sub(r"[^a-z0-9]+", "_", variant.label) if variant.label else ""
+        (sass_dir / f"{variant.module}.{variant.kernel}{suffix}.sass").write_text(sass)
+    registers = max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1) + 1
+    spills = sum(1 for line in sass.splitlines() if re.search(r"\b(STL|LDL)\b", line))
+    return {**row, "ok": True, "registers": registers, "spill_instructions": spills,
+            "shared_bytes": compiled.metadata.shared}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sass", type=Path, default=None, help="write each variant's SASS into this folder")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+    if args.sass is not None:
+        args.sass.mkdir(parents=True, exist_ok=True)
+    rows = [compile_variant(v, args.sass) for v in _variants()]
+    print(f"sm_{TARGET[1]} | kernel | variant | registers (highest R + 1) | spill instructions | shared bytes")
+    for r in rows:
+        if r["ok"]:
+            figures = f"{r['registers']} | {r['spill_instructions']} | {r['shared_bytes']}"
+            print(f"ok | {r['kernel']} | {r['label']} | {figures}")
+        else:
+            print(f"FAILED | {r['kernel']} | {r['label']} | {r['error']}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
