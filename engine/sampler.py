@@ -35,13 +35,43 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
+def _mix32_int(x: int) -> int:
+    """_mix32 on one Python int in [0, 2**32): the same bits (every product stays below 2**63)."""
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & _M32
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def sampling_key(seed: int, position: int) -> int:
+    """The key of (seed, position) that seeded_uniform hashes with each token id, on the host.
+
+    NOTE: the sampler computes it here, not on the device: as tensor ops it was ~30 kernel launches of
+    [S]-sized tensors a sampled step (seeds and positions are host values anyway)."""
+    lo, hi = seed & _M32, (seed >> 32) & _M32
+    return _mix32_int(_mix32_int(lo ^ _mix32_int(hi)) ^ (position & _M32))
+
+
+_VOCAB_STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def uniform_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[S] int64 keys (sampling_key) -> [S, V] uniform floats in (0, 1)."""
+    cache_key = (vocab_size, keys.device)
+    steps = _VOCAB_STEPS.get(cache_key)
+    if steps is None:  # token id * the hash's odd step, once per vocabulary and device
+        steps = torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * 0x9E3779B
+        _VOCAB_STEPS[cache_key] = steps
+    x = _mix32((keys[:, None] + steps[None, :]) & _M32)  # [S, V]
+    return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+
+
 def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[S] seeds and [S] positions -> [S, V] uniform floats in (0, 1), a pure function of its inputs."""
     lo, hi = seeds & _M32, (seeds >> 32) & _M32
     key = _mix32(_mix32(lo ^ _mix32(hi)) ^ (positions & _M32))  # [S]
-    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    x = _mix32((key[:, None] + vocab[None, :] * 0x9E3779B) & _M32)  # [S, V]
-    return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+    return uniform_from_keys(key, vocab_size)
 
 
 def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -168,9 +198,8 @@ class Sampler:
         if any(top_k) or any(p < 1.0 for p in top_p) or any(min_p):
             logits = _filter_top_k_top_p_min_p(logits, top_k, top_p, min_p)
         probs = torch.softmax(logits, dim=-1)
-        seeds = _on_device([r.seed for r in requests], torch.int64, device)
-        positions = _on_device([r.num_tokens_with_pending for r in requests], torch.int64, device)
-        noise = -torch.log(seeded_uniform(seeds, positions, logits.shape[-1]))  # [S, V] exponential
+        keys = _on_device([sampling_key(r.seed, r.num_tokens_with_pending) for r in requests], torch.int64, device)
+        noise = -torch.log(uniform_from_keys(keys, logits.shape[-1]))  # [S, V] exponential
         return (probs / noise).argmax(dim=-1)
 
 

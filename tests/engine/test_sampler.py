@@ -12,8 +12,8 @@ from transformers.generation.logits_process import (
 )
 
 from engine.request import Request
-from engine.sampler import Sampler, _filter_top_k_top_p_min_p, seeded_uniform
-from engine.sampling_params import SamplingParams
+from engine.sampler import Sampler, _filter_top_k_top_p_min_p, sampling_key, seeded_uniform, uniform_from_keys
+from engine.sampling_params import MAX_SEED, SamplingParams
 
 V = 50
 
@@ -38,6 +38,17 @@ def test_seeded_uniform_is_a_pure_function_and_in_range():
     assert not torch.equal(u1[0], u1[2]) and not torch.equal(u1[0], u1[1])
     big = seeded_uniform(torch.arange(200), torch.zeros(200, dtype=torch.int64), 1000)
     assert abs(big.mean().item() - 0.5) < 0.01 and abs(big.var().item() - 1 / 12) < 0.005
+
+
+def test_host_keys_give_the_same_draws_as_the_tensor_hash():
+    """The sampler hashes (seed, position) on the host (sampling_key): bit for bit the draws of
+    seeded_uniform's tensor hash, so a seeded request makes the choices it made before."""
+    gen = torch.Generator().manual_seed(0)
+    seeds = [0, 1, 2**32 - 1, 2**32, MAX_SEED, *torch.randint(0, MAX_SEED, (27,), generator=gen).tolist()]
+    positions = [0, 7, 2**31, 2**40 + 3, *torch.randint(0, 2**20, (28,), generator=gen).tolist()]
+    keys = torch.tensor([sampling_key(seed, pos) for seed, pos in zip(seeds, positions, strict=True)])
+    want = seeded_uniform(torch.tensor(seeds), torch.tensor(positions), 5003)
+    assert torch.equal(uniform_from_keys(keys, 5003), want)
 
 
 def test_same_seed_and_position_give_same_token_in_any_batch():
