@@ -13,6 +13,7 @@ choices. Every request has a seed: a random one when the caller gives none.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -145,15 +146,19 @@ class Sampler:
         wants_logprobs = any(r.sampling_params.logprobs is not None for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
 
-        logits = self._apply_penalties(logits.clone(), requests)
+        # NOTE: no clone: torch.where made `logits` a tensor of this call's own, which the in-place
+        # penalties may change (raw_logprobs is already computed)
+        logits = self._apply_penalties(logits, requests)
         logits = self._apply_bias_and_min_tokens(logits, requests)
 
         greedy_rows = [r.sampling_params.is_greedy for r in requests]
-        token_ids = logits.argmax(dim=-1)
-        if not all(greedy_rows):
+        if all(greedy_rows):
+            return logits.argmax(dim=-1), bad, raw_logprobs
+        sampled = self._sample_random(logits, requests)
+        if any(greedy_rows):
             greedy = _on_device(greedy_rows, torch.bool, logits.device)
-            token_ids = torch.where(greedy, token_ids, self._sample_random(logits, requests))
-        return token_ids, bad, raw_logprobs
+            sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return sampled, bad, raw_logprobs
 
     # ---- logit processing -----------------------------------------------
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -206,20 +211,31 @@ class Sampler:
 def _filter_top_k_top_p_min_p(
     logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]
 ) -> torch.Tensor:
-    """Masks (to -inf) tokens outside each row's top-k, nucleus and min-p sets."""
+    """Masks (to -inf) tokens outside each row's top-k, nucleus and min-p sets.
+
+    NOTE: a filter no row asks for is left out (each is 3-5 device ops, and the sampled step is
+    host-bound). A row's tokens never depend on the other rows: top_p 1.0 keeps every token whether
+    or not another row's top_p < 1 computes the nucleus, where it is compared with +inf rather than
+    with a cumulative sum that rounding could bring to 1.0 before the last tokens."""
     device = logits.device
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [S, V]
-    rank = torch.arange(vocab, device=device)[None, :]
-    k = _on_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, device)[:, None]
-    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    p = _on_device(top_p, probs.dtype, device)[:, None]
-    # Drop a token when the mass before it already reaches top_p (the first token always stays).
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop = mass_before >= p
-    mp = _on_device(min_p, probs.dtype, device)[:, None]
-    drop |= probs < mp * probs[:, :1]
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    if any(kk > 0 for kk in top_k):
+        rank = torch.arange(vocab, device=device)[None, :]
+        k = _on_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, device)[:, None]
+        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    nucleus, floor = any(p < 1.0 for p in top_p), any(min_p)
+    if nucleus or floor:
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = torch.zeros_like(probs, dtype=torch.bool)
+        if nucleus:
+            # top_p 1.0 keeps every token, in a batch as alone (never compared with a rounded 1.0)
+            p = _on_device([pp if pp < 1.0 else math.inf for pp in top_p], probs.dtype, device)[:, None]
+            # Drop a token when the mass before it already reaches top_p (the first token always stays).
+            drop |= probs.cumsum(dim=-1) - probs >= p
+        if floor:
+            mp = _on_device(min_p, probs.dtype, device)[:, None]
+            drop |= probs < mp * probs[:, :1]
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
