@@ -106,14 +106,15 @@ SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden siz
 
 def gemv_min_features(device: torch.device) -> int:
     """The least weight dims that take kernels/gemv.py at one token on `device`."""
-    return min(GEMV_MIN_FEATURES, GEMV_MIN_FEATURES_PDL) if use_pdl(device) else GEMV_MIN_FEATURES
+    return GEMV_MIN_FEATURES_PDL if use_pdl(device) else GEMV_MIN_FEATURES
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, min_features: int | None = None) -> bool:
     """Whether a one-token kernel takes x @ weight^T: one token, on the Triton backend, and a weight
     of at least min_features (default gemv_min_features) in each dim."""
-    least = gemv_min_features(x.device) if min_features is None else min_features
-    return x.dim() == 2 and x.shape[0] == 1 and min(weight.shape) >= least and use_triton(x)
+    if x.dim() != 2 or x.shape[0] != 1 or not use_triton(x):  # the cheap tests first: this runs per projection
+        return False
+    return min(weight.shape) >= (gemv_min_features(x.device) if min_features is None else min_features)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -58,6 +58,7 @@ def test_fused_one_token_layers_give_the_reference_tokens(kind: str, tiny_ckpt, 
     arrivals = [0, 5]
     reference = run_staggered(_engine(model_dir, "torch"), prompts, params, arrivals)
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 1)
+    monkeypatch.setattr(ops, "GEMV_MIN_FEATURES_PDL", 1)  # the threshold where kernels launch with PDL
     monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES", 1)
     if not ON_GPU:
         # NOTE: the interpreter runs one Python loop per program: the LM head's 49152 rows would take

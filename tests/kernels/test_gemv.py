@@ -76,6 +76,7 @@ def test_ops_dispatch_one_token_and_large_weights_to_the_kernel(device):
 def test_ops_linear_agrees_across_backends(num_tokens, device, monkeypatch):
     """engine.ops.linear through the kernel (threshold lowered to these small sizes) and through F.linear."""
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 32)
+    monkeypatch.setattr(ops, "GEMV_MIN_FEATURES_PDL", 32)  # the threshold where kernels launch with PDL
     x = torch.randn(num_tokens, 96, device=device)
     weight, bias = torch.randn(40, 96, device=device) / 10, torch.randn(40, device=device)
     with ops.kernel_backend("triton"):

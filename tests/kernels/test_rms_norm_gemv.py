@@ -105,6 +105,7 @@ def test_ops_rms_norm_linear_agrees_across_backends(with_residual, num_tokens, s
     token only; SwiGLU inside it or, above SWIGLU_GEMV_MAX_FEATURES, as its own kernel after it) and through the
     unfused torch references give the same projection and residual."""
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 32)
+    monkeypatch.setattr(ops, "GEMV_MIN_FEATURES_PDL", 32)  # the threshold where kernels launch with PDL
     monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES", 32)
     monkeypatch.setattr(ops, "SWIGLU_GEMV_MAX_FEATURES", 32 if swiglu == "separate" else 4096)
     swiglu = bool(swiglu)
