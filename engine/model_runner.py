@@ -33,7 +33,7 @@ from engine.kv_cache import (
 )
 from engine.launched_step import LaunchedStep, ModelRunnerOutput, SampledTokens, timer_hook
 from engine.request import Request
-from engine.sampler import Sampler
+from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
 from engine.step_timer import StepTimer
 
@@ -204,9 +204,8 @@ class ModelRunner:
             # argmax and the finiteness check in one kernel on CUDA
             token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
         elif not any(r.sampling_params.logprobs is not None for r in requests):
-            # temperature, top-k/p, min-p, bias, min_tokens: sampled on the device, read a step later
-            token_ids, bad, _ = self.sampler.sample(logits, requests)
-            token_ids, read = self._read_later(torch.stack([token_ids, (~bad).to(torch.int64)]), requests)
+            # temperature, top-k/p, min-p (one kernel on CUDA), bias, min_tokens: read a step later
+            token_ids, read = self._read_later(self.sampler.sample_packed(logits, requests), requests)
         else:
             out = self.sampler(logits, requests)  # NOTE: syncs (logprobs are built on the host)
             token_ids = torch.tensor(out.token_ids, dtype=torch.int64, device=self.device)
@@ -255,12 +254,4 @@ def _nothing_sampled() -> ModelRunnerOutput:
 def _is_plain_greedy(request: Request) -> bool:
     """Greedy with nothing that changes the logits first (penalties, bias, min_tokens) and no logprobs."""
     p = request.sampling_params
-    return (
-        p.temperature == 0.0
-        and p.logprobs is None
-        and p.repetition_penalty == 1.0
-        and not p.presence_penalty
-        and not p.frequency_penalty
-        and not p.logit_bias
-        and request.num_output_tokens + request.num_pending_tokens >= p.min_tokens
-    )
+    return p.temperature == 0.0 and p.logprobs is None and only_chooses(request)

@@ -29,6 +29,7 @@ from kernels.greedy_sample import greedy_sample_ref
 from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
+from kernels.random_sample import random_sample_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
@@ -208,6 +209,16 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
 
         return kernel(logits)
     return greedy_sample_ref(logits)
+
+
+def random_sample(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """[S, V] logits, [5, S] float64 params on the host (kernels.random_sample.pack_params; pinned
+    for CUDA) -> [2, S] int64 on logits' device: (token per row, 1 if the row is all finite else 0)."""
+    if use_triton(logits):
+        from kernels.random_sample import random_sample as kernel
+
+        return kernel(logits, params.to(logits.device, non_blocking=True))
+    return random_sample_ref(logits, params)  # reads params on the host, where they already are
 
 
 def rope_store_kv(

@@ -13,27 +13,22 @@ choices. Every request has a seed: a random one when the caller gives none.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
+from engine import ops
 from engine.request import Logprob, Request
+from kernels.random_sample import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
+    filter_top_k_top_p_min_p,
+    host_to_device,
+    mix32,
+    pack_params,
+    race_sample,
+    uniform_from_keys,
+)
 
 _M32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser on int64 tensors holding values in [0, 2**32).
-
-    NOTE: the multipliers are below 2**31, so every product stays below 2**63 and
-    int64 never overflows: the hash is the same on every device.
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & _M32
-    return x ^ (x >> 15)
 
 
 def _mix32_int(x: int) -> int:
@@ -54,38 +49,16 @@ def sampling_key(seed: int, position: int) -> int:
     return _mix32_int(_mix32_int(lo ^ _mix32_int(hi)) ^ (position & _M32))
 
 
-_VOCAB_STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def uniform_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[S] int64 keys (sampling_key) -> [S, V] uniform floats in (0, 1)."""
-    cache_key = (vocab_size, keys.device)
-    steps = _VOCAB_STEPS.get(cache_key)
-    if steps is None:  # token id * the hash's odd step, once per vocabulary and device
-        steps = torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * 0x9E3779B
-        _VOCAB_STEPS[cache_key] = steps
-    x = _mix32((keys[:, None] + steps[None, :]) & _M32)  # [S, V]
-    return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+def sampling_keys(requests: list[Request]) -> list[int]:
+    """Each request's key for the token it samples next (at num_tokens_with_pending)."""
+    return [sampling_key(r.seed, r.num_tokens_with_pending) for r in requests]
 
 
 def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[S] seeds and [S] positions -> [S, V] uniform floats in (0, 1), a pure function of its inputs."""
     lo, hi = seeds & _M32, (seeds >> 32) & _M32
-    key = _mix32(_mix32(lo ^ _mix32(hi)) ^ (positions & _M32))  # [S]
+    key = mix32(mix32(lo ^ mix32(hi)) ^ (positions & _M32))  # [S]
     return uniform_from_keys(key, vocab_size)
-
-
-def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Per-row values from the host without waiting for the device.
-
-    NOTE: torch.tensor(values, device="cuda") copies from pageable memory and then synchronizes
-    the stream, i.e. waits for the whole forward pass: on an H100 that made every sampled batch-1
-    step cost ~3 ms of waiting and launching for the 1B model's 1.3 ms of GPU work. A copy from
-    pinned memory is queued instead (the caching host allocator keeps the block until it is done).
-    """
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 @dataclass
@@ -134,6 +107,22 @@ class Sampler:
         ]
         return SamplerOutput(token_list, logprob_list, errors)
 
+    def sample_packed(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """[2, S] int64 on the device (token ids, 1 where the row's logits were all finite), without
+        waiting for it. When every row only chooses (greedy, temperature, top-k/p, min-p: no
+        penalties, bias or min_tokens) that is ops.random_sample, one kernel on CUDA; else `sample`."""
+        if all(map(only_chooses, requests)):
+            params = pack_params(
+                [r.sampling_params.temperature for r in requests],
+                [r.sampling_params.effective_top_k for r in requests],
+                [r.sampling_params.top_p for r in requests],
+                [r.sampling_params.min_p for r in requests],
+                sampling_keys(requests),
+            )
+            return ops.random_sample(logits, params.pin_memory() if logits.is_cuda else params)
+        token_ids, bad, _ = self.sample(logits, requests)
+        return torch.stack([token_ids, (~bad).to(torch.int64)])
+
     def sample(
         self, logits: torch.Tensor, requests: list[Request]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -156,7 +145,7 @@ class Sampler:
             return logits.argmax(dim=-1), bad, raw_logprobs
         sampled = self._sample_random(logits, requests)
         if any(greedy_rows):
-            greedy = _on_device(greedy_rows, torch.bool, logits.device)
+            greedy = host_to_device(greedy_rows, torch.bool, logits.device)
             sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
         return sampled, bad, raw_logprobs
 
@@ -190,52 +179,27 @@ class Sampler:
             if request.num_output_tokens + request.num_pending_tokens < p.min_tokens:
                 stop_ids = [t for t in (*request.eos_token_ids, *p.stop_token_ids) if 0 <= t < vocab]
                 if stop_ids:
-                    logits[row].index_fill_(0, _on_device(stop_ids, torch.int64, logits.device), float("-inf"))
+                    logits[row].index_fill_(0, host_to_device(stop_ids, torch.int64, logits.device), float("-inf"))
         return logits
 
     def _sample_random(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        device = logits.device
-        temps = _on_device([r.sampling_params.temperature or 1.0 for r in requests], torch.float32, device)
-        logits = logits / temps[:, None]
-        top_k = [r.sampling_params.effective_top_k for r in requests]
-        top_p = [r.sampling_params.top_p for r in requests]
-        min_p = [r.sampling_params.min_p for r in requests]
-        if any(top_k) or any(p < 1.0 for p in top_p) or any(min_p):
-            logits = _filter_top_k_top_p_min_p(logits, top_k, top_p, min_p)
-        probs = torch.softmax(logits, dim=-1)
-        keys = _on_device([sampling_key(r.seed, r.num_tokens_with_pending) for r in requests], torch.int64, device)
-        noise = -torch.log(uniform_from_keys(keys, logits.shape[-1]))  # [S, V] exponential
-        return (probs / noise).argmax(dim=-1)
+        return race_sample(
+            logits,
+            [r.sampling_params.temperature or 1.0 for r in requests],
+            [r.sampling_params.effective_top_k for r in requests],
+            [r.sampling_params.top_p for r in requests],
+            [r.sampling_params.min_p for r in requests],
+            sampling_keys(requests),
+        )
 
 
-def _filter_top_k_top_p_min_p(
-    logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]
-) -> torch.Tensor:
-    """Masks (to -inf) tokens outside each row's top-k, nucleus and min-p sets.
-
-    NOTE: a filter no row asks for is left out (each is 3-5 device ops, and the sampled step is
-    host-bound). A row's tokens never depend on the other rows: top_p 1.0 keeps every token whether
-    or not another row's top_p < 1 computes the nucleus, where it is compared with +inf rather than
-    with a cumulative sum that rounding could bring to 1.0 before the last tokens."""
-    device = logits.device
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [S, V]
-    if any(kk > 0 for kk in top_k):
-        rank = torch.arange(vocab, device=device)[None, :]
-        k = _on_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, device)[:, None]
-        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    nucleus, floor = any(p < 1.0 for p in top_p), any(min_p)
-    if nucleus or floor:
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = torch.zeros_like(probs, dtype=torch.bool)
-        if nucleus:
-            # top_p 1.0 keeps every token, in a batch as alone (never compared with a rounded 1.0)
-            p = _on_device([pp if pp < 1.0 else math.inf for pp in top_p], probs.dtype, device)[:, None]
-            # Drop a token when the mass before it already reaches top_p (the first token always stays).
-            drop |= probs.cumsum(dim=-1) - probs >= p
-        if floor:
-            mp = _on_device(min_p, probs.dtype, device)[:, None]
-            drop |= probs < mp * probs[:, :1]
-        drop[:, 0] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+def only_chooses(request: Request) -> bool:
+    """Nothing changes the row's logits before the choice (penalties, bias, min_tokens)."""
+    p = request.sampling_params
+    return (
+        p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and not p.logit_bias
+        and request.num_output_tokens + request.num_pending_tokens >= p.min_tokens
+    )

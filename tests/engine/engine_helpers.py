@@ -39,6 +39,17 @@ def make_engine(
     return LLMEngine(config, cache_dir=str(cache_dir) if cache_dir else None)
 
 
+def mixed_sampling_params(max_tokens: int) -> list[SamplingParams]:
+    """Seeded rows with temperature and each filter (top-p; top-k with min-p; all three) and a greedy row."""
+    common = dict(max_tokens=max_tokens, ignore_eos=True)
+    return [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=1, **common),
+        SamplingParams(temperature=1.1, top_k=50, min_p=0.05, seed=2, **common),
+        SamplingParams(temperature=0.0, **common),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=3, **common),
+    ]
+
+
 def random_prompts(count: int, vocab_size: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     # Stay clear of the special tokens at the start of the SmolLM2 vocabulary.

@@ -21,7 +21,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledRequest
 from engine.step_timer import StepTimer
-from tests.engine.engine_helpers import make_engine, random_prompts, run_staggered
+from tests.engine.engine_helpers import make_engine, mixed_sampling_params, random_prompts, run_staggered
 from tests.engine.gpu_checkpoints import tiny_checkpoint_factory
 
 ON_GPU = torch.cuda.is_available()
@@ -183,7 +183,12 @@ def test_padded_decode_through_the_triton_kernels(tiny_ckpt: Callable[[str], Pat
 
 
 def _cuda_engine(
-    model_dir: Path, *, enforce_eager: bool, max_num_seqs: int = 16, async_scheduling: bool | None = None
+    model_dir: Path,
+    *,
+    enforce_eager: bool,
+    max_num_seqs: int = 16,
+    async_scheduling: bool | None = None,
+    kernels: str = "auto",
 ) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
@@ -193,6 +198,7 @@ def _cuda_engine(
             device="cuda",
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
+            kernels=kernels,
         )
     )
 
@@ -230,3 +236,14 @@ def test_seeded_sampling_is_the_same_with_graphs(tiny_ckpt: Callable[[str], Path
     engine = _cuda_engine(model_dir, enforce_eager=False)
     assert run_staggered(engine, prompts, params) == eager
     assert engine.runner.graphs.num_replays > 0
+
+
+@needs_gpu
+def test_sampling_kernel_gives_the_reference_samplers_tokens(tiny_ckpt: Callable[[str], Path]) -> None:
+    """kernels/random_sample.py in the CUDA engine against the sorting reference (kernels="torch"):
+    seeded rows with each filter, all of them together, and a greedy row in one batch."""
+    model_dir = tiny_ckpt("llama")
+    prompts = random_prompts(4, 49152, 3, 30, seed=6)
+    params = mixed_sampling_params(max_tokens=24)
+    reference = run_staggered(_cuda_engine(model_dir, enforce_eager=True, kernels="torch"), prompts, params)
+    assert run_staggered(_cuda_engine(model_dir, enforce_eager=False), prompts, params) == reference

@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 )
 
 from engine.request import Request
-from engine.sampler import Sampler, _filter_top_k_top_p_min_p, sampling_key, seeded_uniform, uniform_from_keys
+from engine.sampler import Sampler, filter_top_k_top_p_min_p, sampling_key, seeded_uniform, uniform_from_keys
 from engine.sampling_params import MAX_SEED, SamplingParams
 
 V = 50
@@ -93,7 +93,7 @@ def test_random_choice_follows_the_distribution():
 def test_filters_match_transformers_warpers(top_k, top_p, min_p):
     torch.manual_seed(0)
     logits = torch.randn(4, V) * 3
-    ours = _filter_top_k_top_p_min_p(logits.clone(), [top_k] * 4, [top_p] * 4, [min_p] * 4)
+    ours = filter_top_k_top_p_min_p(logits.clone(), [top_k] * 4, [top_p] * 4, [min_p] * 4)
     ref = logits.clone()
     if top_k:
         ref = TopKLogitsWarper(top_k)(None, ref)

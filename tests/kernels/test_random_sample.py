@@ -1,0 +1,158 @@
+"""The sort-free sampling kernel against the engine's sorting reference (engine/sampler.py).
+
+The kernel and the reference draw the same noise (the (seed, position, token) hash) and keep the same
+sets, so they pick the same token. The one licence of the precision contract: where the two disagree,
+the reference's scores of both tokens must be within float rounding of each other (a near tie the
+race in log space can break the other way). Logits are drawn coarse enough that exact ties among the
+top tokens do not occur by chance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.request import Request
+from engine.sampler import Sampler, sampling_key
+from engine.sampling_params import SamplingParams
+from kernels.random_sample import (
+    filter_top_k_top_p_min_p,
+    pack_params,
+    random_sample,
+    random_sample_ref,
+    uniform_from_keys,
+)
+
+# (temperature, top_k, top_p, min_p): each filter alone, all together, greedy and plain temperature
+CONFIGS = [
+    (0.8, 0, 1.0, 0.0),
+    (1.0, 40, 1.0, 0.0),
+    (0.7, 0, 0.9, 0.0),
+    (1.2, 0, 1.0, 0.1),
+    (0.9, 20, 0.8, 0.05),
+    (0.0, 0, 1.0, 0.0),
+    (1.5, 1, 1.0, 0.0),
+    (0.6, 0, 0.3, 0.0),
+    (1.0, 7, 0.5, 0.0),
+]
+
+
+def _params(configs, seeds, positions, device) -> torch.Tensor:
+    t, k, p, m = (list(col) for col in zip(*configs, strict=True))
+    keys = [sampling_key(seed, pos) for seed, pos in zip(seeds, positions, strict=True)]
+    return pack_params(t, k, p, m, keys).to(device)
+
+
+def _reference(logits: torch.Tensor, configs, seeds, positions) -> tuple[list[int], torch.Tensor]:
+    """(tokens, scores [S, V]) of engine.sampler's path: filters by sorting, then argmax p / E."""
+    tokens, scores = [], []
+    for row, ((temp, top_k, top_p, min_p), seed, pos) in enumerate(zip(configs, seeds, positions, strict=True)):
+        x = logits[row : row + 1].double().float()
+        if temp == 0:
+            tokens.append(int(x.argmax()))
+            scores.append(x[0])
+            continue
+        x = filter_top_k_top_p_min_p(x / temp, [top_k], [top_p], [min_p])
+        probs = torch.softmax(x, dim=-1)
+        noise = -torch.log(uniform_from_keys(torch.tensor([sampling_key(seed, pos)]), x.shape[-1]))
+        score = (probs / noise)[0]
+        tokens.append(int(score.argmax()))
+        scores.append(score)
+    return tokens, torch.stack(scores)
+
+
+def _assert_same_or_near_tie(got: list[int], want: list[int], scores: torch.Tensor) -> None:
+    for row, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g != w:
+            best, other = float(scores[row, w]), float(scores[row, g])
+            assert math.isclose(best, other, rel_tol=1e-5), f"row {row}: {g} (score {other}), reference {w} ({best})"
+
+
+@pytest.mark.parametrize("vocab", [1000, 4096 + 37])
+def test_kernel_picks_the_reference_token(vocab, device):
+    gen = torch.Generator().manual_seed(vocab)
+    configs = CONFIGS * 3
+    seeds = torch.randint(0, 2**40, (len(configs),), generator=gen).tolist()
+    positions = torch.randint(0, 5000, (len(configs),), generator=gen).tolist()
+    # a peaked, model-like distribution: a few likely tokens over a long tail, in steps of 1/64
+    logits = (torch.randn(len(configs), vocab, generator=gen) * 2).mul(64).round().div(64)
+    logits[:, :5] += 6
+    out = random_sample(logits.to(device), _params(configs, seeds, positions, device)).cpu()
+    want, scores = _reference(logits, configs, seeds, positions)
+    _assert_same_or_near_tie(out[0].tolist(), want, scores)
+    assert out[1].tolist() == [1] * len(configs)
+
+
+def test_nucleus_rounds_reach_tokens_far_below_the_first_winner(device):
+    """top_p small over a flat distribution: most races' first winner lies outside the nucleus, so
+    the kernel takes several rounds; every row must still match the reference."""
+    gen = torch.Generator().manual_seed(7)
+    vocab, rows = 512, 24
+    configs = [(1.0, 0, 0.05, 0.0)] * rows
+    seeds, positions = list(range(rows)), [3] * rows
+    logits = torch.linspace(0, 2, vocab)[torch.randperm(vocab, generator=gen)].repeat(rows, 1)
+    out = random_sample(logits.to(device), _params(configs, seeds, positions, device)).cpu()
+    want, scores = _reference(logits, configs, seeds, positions)
+    _assert_same_or_near_tie(out[0].tolist(), want, scores)
+    assert len(set(want)) > 3  # the seeds spread over the nucleus, not one token
+
+
+def test_top_k_takes_the_kth_value_across_signs_and_magnitudes(device):
+    """Radix select over floats of both signs: with top_k = k and a flat temperature-1 race, every
+    chosen token must be among the k largest, and the k-th largest itself must be reachable."""
+    vocab, k = 3000, 17
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(1, vocab, generator=gen) * 1e3).repeat(64, 1)  # no ties, wide range of exponents
+    configs = [(1e6, k, 1.0, 0.0)] * 64  # a huge temperature: nearly uniform over the top-k set
+    out = random_sample(logits.to(device), _params(configs, list(range(64)), [0] * 64, device)).cpu()
+    top = set(logits[0].topk(k).indices.tolist())
+    assert set(out[0].tolist()) <= top
+    assert len(set(out[0].tolist())) > k // 2
+
+
+def test_non_finite_rows_are_flagged_and_other_rows_unaffected(device):
+    logits = torch.randn(3, 700)
+    logits[1, 5] = float("nan")
+    logits[2, 9] = float("-inf")
+    configs = [(0.8, 0, 0.9, 0.0)] * 3
+    out = random_sample(logits.to(device), _params(configs, [1, 2, 3], [0, 0, 0], device)).cpu()
+    assert out[1].tolist() == [1, 0, 0]
+    assert out[0, 1:].tolist() == [0, 0]
+    want, scores = _reference(logits[:1], configs[:1], [1], [0])
+    _assert_same_or_near_tie(out[0, :1].tolist(), want, scores)
+
+
+def test_same_seed_and_position_give_the_same_token_in_any_batch(device):
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(1, 2000, generator=gen) * 3
+    alone = random_sample(logits.to(device), _params([(0.9, 0, 0.95, 0.0)], [42], [10], device))[0, 0]
+    batch = torch.cat([torch.randn(5, 2000, generator=gen), logits])
+    configs = [(1.0, 5, 1.0, 0.0)] * 5 + [(0.9, 0, 0.95, 0.0)]
+    together = random_sample(batch.to(device), _params(configs, [1, 2, 3, 4, 5, 42], [0] * 5 + [10], device))
+    assert int(together[0, 5]) == int(alone)
+
+
+def test_launcher_names_what_it_rejects(device):
+    logits = torch.randn(2, 100, device=device)
+    with pytest.raises(ValueError, match="params must be a contiguous \\[5, 2\\] float64"):
+        random_sample(logits, torch.zeros(5, 3, dtype=torch.float64, device=device))
+    with pytest.raises(ValueError, match="contiguous in its last dim"):
+        random_sample(logits.t(), torch.zeros(5, 100, dtype=torch.float64, device=device))
+
+
+def test_references_agree_with_the_engine_sampler():
+    """The test's scoring reference and random_sample_ref give the tokens of the engine's Sampler on
+    real requests (its path for penalties and logprobs, and on the CPU)."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(len(CONFIGS), 300, generator=gen) * 2
+    seeds, positions = list(range(len(CONFIGS))), [3] * len(CONFIGS)
+    requests = [
+        Request("r", [1, 2, 3], SamplingParams(temperature=t, top_k=k or -1, top_p=p, min_p=m), frozenset({0}), seed=s)
+        for (t, k, p, m), s in zip(CONFIGS, seeds, strict=True)
+    ]
+    tokens, _, _ = Sampler().sample(logits, requests)
+    assert tokens.tolist() == _reference(logits, CONFIGS, seeds, positions)[0]
+    params = _params(CONFIGS, seeds, positions, torch.device("cpu"))
+    assert random_sample_ref(logits, params)[0].tolist() == tokens.tolist()
