@@ -29,7 +29,7 @@ from kernels.greedy_sample import greedy_sample_ref
 from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
-from kernels.random_sample import random_sample_ref
+from kernels.random_sample_ref import random_sample_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref

@@ -19,11 +19,11 @@ import torch
 
 from engine import ops
 from engine.request import Logprob, Request
-from kernels.random_sample import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
+from kernels.random_sample import pack_params
+from kernels.random_sample_ref import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
     filter_top_k_top_p_min_p,
     host_to_device,
     mix32,
-    pack_params,
     race_sample,
     uniform_from_keys,
 )

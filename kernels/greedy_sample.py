@@ -32,6 +32,21 @@ BLOCK_V = 2048
 MAX_CHUNKS = 128
 
 
+@triton.jit
+def fold_argmax(x, idx, valid, best, best_idx, bad):
+    """Folds one tile of a row into per-lane (max, first index of the max, non-finite count)."""
+    bad += (((x != x) | (tl.abs(x) == float("inf"))) & valid).to(tl.int32)
+    better = x > best  # strict: an earlier column keeps a tie
+    return tl.where(better, x, best), tl.where(better, idx, best_idx), bad
+
+
+@triton.jit
+def first_argmax(best, best_idx):
+    """(max, its lowest index) of per-lane (value, index) pairs (index 2**31 - 1 when every value is -inf or NaN)."""
+    top = tl.max(best, axis=0)
+    return top, tl.min(tl.where(best == top, best_idx, 2**31 - 1), axis=0)
+
+
 # NOTE: the row count and chunk count are run-time arguments, never constexprs: they change
 # with the batch from step to step, and a constexpr per value recompiled the kernel dozens of
 # times inside one benchmark run (Qwen3-0.6B offline: 6 s of compiles, 33% of roofline instead of 54%).
@@ -64,12 +79,8 @@ def _greedy_kernel(
     for start in range(chunk * BLOCK_V, vocab, num_chunks * BLOCK_V):
         idx = start + cols
         x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-        bad += (((x != x) | (tl.abs(x) == float("inf"))) & (idx < vocab)).to(tl.int32)
-        better = x > best  # strict: an earlier column keeps a tie
-        best = tl.where(better, x, best)
-        best_idx = tl.where(better, idx, best_idx)
-    chunk_max = tl.max(best, axis=0)
-    chunk_idx = tl.min(tl.where(best == chunk_max, best_idx, 2**31 - 1), axis=0)
+        best, best_idx, bad = fold_argmax(x, idx, idx < vocab, best, best_idx, bad)
+    chunk_max, chunk_idx = first_argmax(best, best_idx)
     part = row * num_chunks + chunk
     tl.store(part_max_ptr + part, chunk_max)
     tl.store(part_idx_ptr + part, chunk_idx)
@@ -82,8 +93,7 @@ def _greedy_kernel(
         maxes = tl.load(part_max_ptr + row * num_chunks + c, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
         idxs = tl.load(part_idx_ptr + row * num_chunks + c, mask=c_mask, other=2**31 - 1, cache_modifier=".cg")
         bads = tl.load(part_bad_ptr + row * num_chunks + c, mask=c_mask, other=0, cache_modifier=".cg")
-        row_max = tl.max(maxes, axis=0)
-        token = tl.min(tl.where(maxes == row_max, idxs, 2**31 - 1), axis=0)
+        _, token = first_argmax(maxes, idxs)
         token = tl.where(token == 2**31 - 1, 0, token)  # an all -inf / NaN row: no max; it is flagged below
         tl.store(out_ptr + row, token.to(tl.int64))
         tl.store(out_ptr + num_rows + row, (tl.sum(bads, axis=0) == 0).to(tl.int64))

@@ -1,26 +1,31 @@
-"""Seeded random sampling with temperature, top-k, top-p and min-p, one program per row, no sort.
+"""Seeded random sampling with temperature, top-k, top-p and min-p, without sorting the vocabulary.
 
-Legend: S = rows (sequences that sample this step), V = vocabulary.
+Legend: S = rows (sequences that sample this step), V = vocabulary, C = chunks per row.
     logits [S, V], params [5, S] fp64 (temperature, top_k, top_p, min_p, key) -> [2, S] int64:
     row 0 the token ids, row 1 1 where every logit of the row is finite, else 0 (greedy_sample's
     packing, so the engine reads both with its step's one copy).
 
-Math (engine/sampler.py's reference, which sorts): x = logits / temperature; the kept set K is
+Math (the reference below, which sorts; engine/sampler.py uses it): x = logits / temperature; the
+kept set K is
     top-k:  the k largest x (k = 0: every token),
     top-p:  tokens whose strictly larger tokens hold less than top_p of the probability mass
             (softmax over the top-k set), the largest always kept,
     min-p:  tokens with p >= min_p * p_max, i.e. x >= max(x) + log(min_p);
 and the token is the exponential race argmax_{v in K} p_v / E_v, E_v = -log(u_v) with u_v the
-counter hash of (key, v). As argmax_v (x_v - log E_v) it needs neither the softmax nor the sort:
-    1. one pass: the row's max and first argmax, and whether every logit is finite;
-    2. top-k: the k-th largest x by radix select (4 passes of 8-bit digit histograms), a lower bound;
-    3. top-p: z = sum of exp(x - max) over the top-k set (one pass);
-    4. the race over x above the bounds (one pass) gives w; with top-p, one more pass sums the
-       mass of the tokens above x_w. If it reaches top_p * z, w is outside the nucleus and so is
-       every token below it: the bound rises to x_w and the race runs again. The race's winner
-       over a superset of K that lies in K is K's winner, so the result is the reference's.
-       A race's winner falls outside the nucleus with probability about 1 - top_p: ~1 extra round
-       in 20 at top_p = 0.95.
+counter hash of (key, v). As argmax_v (x_v - log E_v) the race needs neither the softmax nor the
+sort. Each filter keeps the tokens above a threshold, so if the race's winner w over all tokens lies
+in K, it is K's winner; if it does not, no token at or below x_w does either.
+
+Kernels: grid (S, C) twice, each program one strided share of a row, the last of a row (a ticket
+from an atomic counter, greedy_sample's pattern) merging the shares:
+    1. `_race_kernel`: max and first argmax (greedy), finiteness, the softmax's max and denominator
+       (online), and the race over every token. Temperature alone, greedy and bad rows end here.
+    2. `_check_kernel`: for rows with top-k or top-p, the count and the mass of the tokens above x_w;
+       w is kept when fewer than k are larger and they hold less than top_p of the mass. A winner
+       outside K (about 1 row in 20 at top_p = 0.95: the mass outside the nucleus) and top-k with
+       top-p (whose nucleus needs the top-k set's mass) go to `_sample_row`: one program runs the
+       rest, with the k-th largest x by radix select (4 passes of 8-bit digit histograms) and races
+       above each refused winner.
 Temperature 0 is greedy (the first argmax, as torch.argmax). A row with a non-finite logit gets
 token 0 and finite 0: the engine reports it as an error and never uses the token.
 
@@ -31,25 +36,22 @@ keeps exactly k of several tokens tied at the k-th value, and cuts the nucleus i
 equal probabilities; here ties at the k-th value all stay, and equal tokens are in or out together.
 
 Why: the reference is ~40-60 small torch operations a sampled step (a sort of the whole vocabulary
-among them), each a launch from Python; at batch 1 the 1B model's sampled step was host-bound,
-2.8 ms against 1.2 ms greedy (H100, bench/results/h100/engine_decode_latency.md).
+among them), each a launch from Python; at batch 1 the 1B model's sampled step was host-bound
+(H100, bench/results/h100/sampling_session11/README.md).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float
+from kernels._launch import check_device, check_float, ticket_counters
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
+from kernels.greedy_sample import BLOCK_V, MAX_CHUNKS, choose_chunks, first_argmax, fold_argmax
 
-BLOCK_V = 4096
 NUM_WARPS = 8
 PARAM_ROWS = ("temperature", "top_k", "top_p", "min_p", "key")
-_M32 = 0xFFFFFFFF
 
 
 @triton.jit
@@ -111,90 +113,229 @@ def _kth_largest(base, vocab, k, inv_temp, BLOCK_V: tl.constexpr):
     return _from_ordered(prefix)
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def _sample_kernel(
-    logits_ptr,  # [S, V]
-    params_ptr,  # [5, S] fp64: temperature (0: greedy), top_k (0: off), top_p (1: off), min_p (0: off), key
-    packed_ptr,  # [2, S] int64
-    num_rows,
-    vocab,
-    stride_row,
-    BLOCK_V: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_launch_dependents(PDL)
-    pdl_wait(PDL)  # the logits come from the kernel before; nothing here is a weight
-    row = tl.program_id(0)
+@triton.jit
+def _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, BLOCK_V: tl.constexpr):
+    """The whole row in one program (steps 2-4 of the module docstring), the races starting above `above`
+    (exclusive; a winner known to be outside the kept set, or -inf). The rare path: a rejected winner, or
+    top-k with top-p, whose nucleus needs the top-k set's exact mass."""
+    cols = tl.arange(0, BLOCK_V)
+    lower = tl.full([], float("-inf"), tl.float32)  # inclusive bound: top-k and min-p
+    if top_k > 0 and top_k < vocab:
+        lower = _kth_largest(base, vocab, top_k, inv_temp, BLOCK_V)
+    if min_p > 0:
+        lower = tl.maximum(lower, x_max + tl.log(min_p))
+    nucleus = top_p < 1.0
+    mass = tl.zeros([], tl.float32)
+    if nucleus:  # the softmax's denominator over the top-k set
+        z = tl.zeros([BLOCK_V], tl.float32)
+        for start in range(0, vocab, BLOCK_V):
+            idx = start + cols
+            x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
+            z += tl.where(x >= lower, tl.exp(x - x_max), 0.0)
+        mass = top_p * tl.sum(z)
+    token = tl.zeros([], tl.int32)
+    searching = True
+    while searching:
+        race = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        race_idx = tl.full([BLOCK_V], 2**31 - 1, tl.int32)
+        for start in range(0, vocab, BLOCK_V):
+            idx = start + cols
+            x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
+            score = tl.where((x >= lower) & (x > above) & (idx < vocab), _race_score(x, idx, key), float("-inf"))
+            better = score > race
+            race = tl.where(better, score, race)
+            race_idx = tl.where(better, idx, race_idx)
+        _, token = first_argmax(race, race_idx)
+        searching = False
+        if nucleus:
+            x_won = tl.load(base + token).to(tl.float32) * inv_temp
+            larger = tl.zeros([BLOCK_V], tl.float32)
+            for start in range(0, vocab, BLOCK_V):
+                idx = start + cols
+                x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
+                larger += tl.where(x > x_won, tl.exp(x - x_max), 0.0)  # all above the bounds: x_won is
+            if tl.sum(larger) >= mass:
+                above = x_won
+                searching = True
+    return token
+
+
+# Row state the first kernel leaves for the second ([4, S] fp32 after the partials): what the row needs
+# next, the max and softmax denominator of x, and the race winner's x.
+DONE = tl.constexpr(0)  # the token is written
+CHECK = tl.constexpr(1)  # check the race's winner against top-k and top-p
+ALONE = tl.constexpr(2)  # one program runs _sample_row
+
+
+@triton.jit
+def _load_params(params_ptr, num_rows, row):
     temperature = tl.load(params_ptr + row).to(tl.float32)
     top_k = tl.load(params_ptr + num_rows + row).to(tl.int32)
     top_p = tl.load(params_ptr + 2 * num_rows + row).to(tl.float32)
     min_p = tl.load(params_ptr + 3 * num_rows + row).to(tl.float32)
     key = tl.load(params_ptr + 4 * num_rows + row).to(tl.int64).to(tl.uint32)
+    return temperature, top_k, top_p, min_p, key
+
+
+# NOTE: the row and chunk counts are run-time arguments, never constexprs (greedy_sample.py says why).
+@triton.jit(do_not_specialize=["num_rows", "num_chunks"])
+def _race_kernel(
+    logits_ptr,  # [S, V]
+    params_ptr,  # [5, S] fp64: temperature (0: greedy), top_k (0: off), top_p (1: off), min_p (0: off), key
+    work_ptr,  # fp32: [7, S, C] partials, then [4, S] row state
+    counter_ptr,  # [>= S] int32, zero between calls
+    packed_ptr,  # [2, S] int64
+    num_rows,
+    num_chunks,  # C
+    vocab,
+    stride_row,
+    BLOCK_C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Step 1 and the race over every token, chunk c of row s in program (s, c); the last program of a
+    row merges the chunks, writes the token of a row that needs nothing more and the row's state."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # the logits come from the kernel before; nothing here is a weight
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    temperature, top_k, top_p, min_p, key = _load_params(params_ptr, num_rows, row)
+    sampled = temperature > 0
+    inv_temp = 1.0 / tl.where(sampled, temperature, 1.0)
     base = logits_ptr + row.to(tl.int64) * stride_row
     cols = tl.arange(0, BLOCK_V)
-
-    # 1. max, first argmax, non-finite count
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK_V], 2**31 - 1, tl.int32)
     bad = tl.zeros([BLOCK_V], tl.int32)
-    for start in range(0, vocab, BLOCK_V):
+    m_lane = tl.full([BLOCK_V], float("-inf"), tl.float32)  # online softmax of x per lane
+    z_lane = tl.zeros([BLOCK_V], tl.float32)
+    race = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    race_idx = tl.full([BLOCK_V], 2**31 - 1, tl.int32)
+    for start in range(chunk * BLOCK_V, vocab, num_chunks * BLOCK_V):
         idx = start + cols
-        x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-        bad += (((x != x) | (tl.abs(x) == float("inf"))) & (idx < vocab)).to(tl.int32)
-        better = x > best  # strict: an earlier column keeps a tie
-        best = tl.where(better, x, best)
-        best_idx = tl.where(better, idx, best_idx)
-    row_max = tl.max(best)
-    token = tl.min(tl.where(best == row_max, best_idx, 2**31 - 1))
-    finite = tl.sum(bad) == 0
-    token = tl.where(finite, token, 0)
+        valid = idx < vocab
+        raw = tl.load(base + idx, mask=valid, other=float("-inf")).to(tl.float32)
+        best, best_idx, bad = fold_argmax(raw, idx, valid, best, best_idx, bad)
+        x = raw * inv_temp
+        m_new = tl.maximum(m_lane, x)
+        z_lane = tl.where(m_new == float("-inf"), 0.0, z_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new))
+        m_lane = m_new
+        score = tl.where(valid, _race_score(x, idx, key), float("-inf"))
+        better = score > race
+        race = tl.where(better, score, race)
+        race_idx = tl.where(better, idx, race_idx)
+    part = row * num_chunks + chunk
+    plane = num_rows * num_chunks
+    chunk_max, chunk_idx = first_argmax(best, best_idx)
+    m_chunk = tl.max(m_lane, axis=0)
+    z_chunk = tl.sum(tl.where(m_lane == float("-inf"), 0.0, z_lane * tl.exp(m_lane - m_chunk)), axis=0)
+    race_max, race_at = first_argmax(race, race_idx)
+    # NOTE: indices and counts are stored as fp32, exact below 2**24 (vocabularies are far smaller)
+    tl.store(work_ptr + part, chunk_max)
+    tl.store(work_ptr + plane + part, chunk_idx.to(tl.float32))
+    tl.store(work_ptr + 2 * plane + part, tl.sum(bad, axis=0).to(tl.float32))
+    tl.store(work_ptr + 3 * plane + part, m_chunk)
+    tl.store(work_ptr + 4 * plane + part, z_chunk)
+    tl.store(work_ptr + 5 * plane + part, race_max)
+    tl.store(work_ptr + 6 * plane + part, race_at.to(tl.float32))
+    tl.debug_barrier()  # every thread's stores before the ticket (which releases them)
+    ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if ticket == num_chunks - 1:
+        c = tl.arange(0, BLOCK_C)
+        parts = work_ptr + row * num_chunks + c
+        c_mask = c < num_chunks
+        maxes = tl.load(parts, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
+        idxs = tl.load(parts + plane, mask=c_mask, other=0.0, cache_modifier=".cg").to(tl.int32)
+        finite = tl.sum(tl.load(parts + 2 * plane, mask=c_mask, other=0.0, cache_modifier=".cg")) == 0
+        ms = tl.load(parts + 3 * plane, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
+        zs = tl.load(parts + 4 * plane, mask=c_mask, other=0.0, cache_modifier=".cg")
+        races = tl.load(parts + 5 * plane, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
+        race_idxs = tl.load(parts + 6 * plane, mask=c_mask, other=0.0, cache_modifier=".cg").to(tl.int32)
+        x_max = tl.max(ms)
+        z = tl.sum(tl.where(ms == float("-inf"), 0.0, zs * tl.exp(ms - x_max)))
+        _, token = first_argmax(maxes, idxs)  # greedy
+        state = tl.zeros([], tl.int32) + DONE
+        x_won = tl.zeros([], tl.float32)
+        if sampled:
+            _, token = first_argmax(races, race_idxs)
+            x_won = tl.load(base + token).to(tl.float32) * inv_temp
+            if (top_k > 0) & (top_p < 1.0):
+                state = ALONE  # the nucleus needs the top-k set's mass
+            elif (min_p > 0) & (x_won < x_max + tl.log(min_p)):
+                state = ALONE  # the winner is below the min-p floor: race again above it
+            elif (top_k > 0) | (top_p < 1.0):
+                state = CHECK
+        token = tl.where(finite, token, 0)
+        state = tl.where(finite, state, DONE)
+        rows = work_ptr + 7 * plane + row
+        tl.store(rows, state.to(tl.float32))
+        tl.store(rows + num_rows, x_max)
+        tl.store(rows + 2 * num_rows, z)
+        tl.store(rows + 3 * num_rows, x_won)
+        tl.store(packed_ptr + row, token.to(tl.int64))
+        tl.store(packed_ptr + num_rows + row, finite.to(tl.int64))
+        tl.atomic_xchg(counter_ptr + row, 0)  # ready for the next call
 
-    if finite & (temperature > 0):
-        inv_temp = 1.0 / temperature
-        x_max = row_max * inv_temp
-        # the lower bounds: top-k (the k-th largest, inclusive) and min-p (inclusive)
-        lower = tl.full([], float("-inf"), tl.float32)
-        if top_k > 0 and top_k < vocab:
-            lower = _kth_largest(base, vocab, top_k, inv_temp, BLOCK_V)
-        if min_p > 0:
-            lower = tl.maximum(lower, x_max + tl.log(min_p))
-        nucleus = top_p < 1.0
-        mass = tl.zeros([], tl.float32)
-        if nucleus:  # 3. the softmax's denominator over the top-k set
-            z = tl.zeros([BLOCK_V], tl.float32)
-            for start in range(0, vocab, BLOCK_V):
-                idx = start + cols
-                x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
-                z += tl.where(x >= lower, tl.exp(x - x_max), 0.0)
-            mass = top_p * tl.sum(z)
-        # 4. races, each above the last winner that fell outside the nucleus
-        above = tl.full([], float("-inf"), tl.float32)  # exclusive bound
-        searching = True
-        while searching:
-            race = tl.full([BLOCK_V], float("-inf"), tl.float32)
-            race_idx = tl.full([BLOCK_V], 2**31 - 1, tl.int32)
-            for start in range(0, vocab, BLOCK_V):
-                idx = start + cols
-                x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
-                score = tl.where((x >= lower) & (x > above) & (idx < vocab), _race_score(x, idx, key), float("-inf"))
-                better = score > race
-                race = tl.where(better, score, race)
-                race_idx = tl.where(better, idx, race_idx)
-            won = tl.max(race)
-            token = tl.min(tl.where(race == won, race_idx, 2**31 - 1))
-            searching = False
-            if nucleus:
-                x_won = tl.load(base + token).to(tl.float32) * inv_temp
-                larger = tl.zeros([BLOCK_V], tl.float32)
-                for start in range(0, vocab, BLOCK_V):
-                    idx = start + cols
-                    x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
-                    larger += tl.where(x > x_won, tl.exp(x - x_max), 0.0)  # all above the bounds: x_won is
-                if tl.sum(larger) >= mass:
-                    above = x_won
-                    searching = True
-    tl.store(packed_ptr + row, token.to(tl.int64))
-    tl.store(packed_ptr + num_rows + row, finite.to(tl.int64))
+
+@triton.jit(do_not_specialize=["num_rows", "num_chunks"])
+def _check_kernel(
+    logits_ptr,  # [S, V]
+    params_ptr,  # [5, S] fp64
+    work_ptr,  # fp32: [2, S, C] partials (over the race kernel's), then its [4, S] row state
+    counter_ptr,  # [>= S] int32, zero between calls
+    packed_ptr,  # [2, S] int64
+    num_rows,
+    num_chunks,
+    vocab,
+    stride_row,
+    BLOCK_C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Whether each row's race winner w lies in the kept set: the count and the mass of the tokens above
+    x_w, chunk c in program (s, c); the last program of a row accepts w or races again alone above it."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)  # the race kernel's row state
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    plane = num_rows * num_chunks
+    rows = work_ptr + 7 * plane + row
+    state = tl.load(rows).to(tl.int32)
+    temperature, top_k, top_p, min_p, key = _load_params(params_ptr, num_rows, row)
+    inv_temp = 1.0 / tl.where(temperature > 0, temperature, 1.0)
+    x_max = tl.load(rows + num_rows)
+    base = logits_ptr + row.to(tl.int64) * stride_row
+    alone = (state == ALONE) & (chunk == 0)
+    above = tl.full([], float("-inf"), tl.float32)  # the slow path's exclusive bound
+    if state == CHECK:
+        z = tl.load(rows + 2 * num_rows)
+        x_won = tl.load(rows + 3 * num_rows)
+        cols = tl.arange(0, BLOCK_V)
+        larger = tl.zeros([BLOCK_V], tl.int32)
+        mass = tl.zeros([BLOCK_V], tl.float32)
+        for start in range(chunk * BLOCK_V, vocab, num_chunks * BLOCK_V):
+            idx = start + cols
+            x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temp
+            larger += (x > x_won).to(tl.int32)
+            mass += tl.where(x > x_won, tl.exp(x - x_max), 0.0)
+        part = row * num_chunks + chunk
+        tl.store(work_ptr + part, tl.sum(larger, axis=0).to(tl.float32))
+        tl.store(work_ptr + plane + part, tl.sum(mass, axis=0))
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_chunks - 1:
+            c = tl.arange(0, BLOCK_C)
+            c_mask = c < num_chunks
+            parts = work_ptr + row * num_chunks + c
+            count = tl.sum(tl.load(parts, mask=c_mask, other=0.0, cache_modifier=".cg"))
+            count_mass = tl.sum(tl.load(parts + plane, mask=c_mask, other=0.0, cache_modifier=".cg"))
+            # outside the kept set: so is every token at or below x_won; race again above it
+            alone = ((top_k > 0) & (count >= top_k)) | ((top_p < 1.0) & (count_mass >= top_p * z))
+            above = x_won
+            tl.atomic_xchg(counter_ptr + row, 0)
+    if alone:
+        token = _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, BLOCK_V)
+        tl.store(packed_ptr + row, token.to(tl.int64))
 
 
 def pack_params(
@@ -204,9 +345,11 @@ def pack_params(
     return torch.tensor([temperature, top_k, top_p, min_p, keys], dtype=torch.float64)
 
 
-def random_sample(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-    """[S, V] logits and [5, S] params (pack_params, on logits' device) -> [2, S] int64 (token, finite)."""
-    check_device(_sample_kernel, "logits and params", logits, params)
+def random_sample(logits: torch.Tensor, params: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
+    """[S, V] logits and [5, S] params (pack_params, on logits' device) -> [2, S] int64 (token, finite).
+
+    chunks overrides the programs per row (tests)."""
+    check_device(_race_kernel, "logits and params", logits, params)
     check_float("logits", logits)
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits must be [S, V] with V > 0, got shape {tuple(logits.shape)}")
@@ -216,114 +359,17 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     if params.shape != (len(PARAM_ROWS), num_rows) or params.dtype != torch.float64 or not params.is_contiguous():
         raise ValueError(f"params must be a contiguous [{len(PARAM_ROWS)}, {num_rows}] float64 tensor "
                          f"{PARAM_ROWS}, got {tuple(params.shape)} {params.dtype}")  # fmt: skip
-    out = torch.empty((2, num_rows), dtype=torch.int64, device=logits.device)
+    packed = torch.empty((2, num_rows), dtype=torch.int64, device=logits.device)
     if num_rows == 0:
-        return out
-    _sample_kernel[(num_rows,)](
-        logits, params, out, num_rows, vocab, logits.stride(0),
-        BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, **pdl_options(logits.device),
-    )  # fmt: skip
-    return out
-
-
-# ---- the reference: plain torch, the engine's sampler on any device ----------------------------
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser on int64 tensors holding values in [0, 2**32).
-
-    NOTE: the multipliers are below 2**31, so every product stays below 2**63 and
-    int64 never overflows: the hash is the same on every device.
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & _M32
-    return x ^ (x >> 15)
-
-
-_VOCAB_STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def uniform_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[S] int64 keys (engine.sampler.sampling_key) -> [S, V] uniform floats in (0, 1)."""
-    cache_key = (vocab_size, keys.device)
-    steps = _VOCAB_STEPS.get(cache_key)
-    if steps is None:  # token id * the hash's odd step, once per vocabulary and device
-        steps = torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * 0x9E3779B
-        _VOCAB_STEPS[cache_key] = steps
-    x = mix32((keys[:, None] + steps[None, :]) & _M32)  # [S, V]
-    return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
-
-
-def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Per-row values from the host without waiting for the device.
-
-    NOTE: torch.tensor(values, device="cuda") copies from pageable memory and then synchronizes
-    the stream, i.e. waits for the whole forward pass: on an H100 that made every sampled batch-1
-    step cost ~3 ms of waiting and launching for the 1B model's 1.3 ms of GPU work. A copy from
-    pinned memory is queued instead (the caching host allocator keeps the block until it is done).
-    """
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
-
-
-def filter_top_k_top_p_min_p(
-    logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]
-) -> torch.Tensor:
-    """Masks (to -inf) tokens outside each row's top-k, nucleus and min-p sets.
-
-    NOTE: a filter no row asks for is left out (each is 3-5 device ops, and the sampled step is
-    host-bound). A row's tokens never depend on the other rows: top_p 1.0 keeps every token whether
-    or not another row's top_p < 1 computes the nucleus, where it is compared with +inf rather than
-    with a cumulative sum that rounding could bring to 1.0 before the last tokens."""
-    device = logits.device
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [S, V]
-    if any(kk > 0 for kk in top_k):
-        rank = torch.arange(vocab, device=device)[None, :]
-        k = host_to_device([kk if kk > 0 else vocab for kk in top_k], torch.int64, device)[:, None]
-        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    nucleus, floor = any(p < 1.0 for p in top_p), any(min_p)
-    if nucleus or floor:
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = torch.zeros_like(probs, dtype=torch.bool)
-        if nucleus:
-            # top_p 1.0 keeps every token, in a batch as alone (never compared with a rounded 1.0)
-            p = host_to_device([pp if pp < 1.0 else math.inf for pp in top_p], probs.dtype, device)[:, None]
-            # Drop a token when the mass before it already reaches top_p (the first token always stays).
-            drop |= probs.cumsum(dim=-1) - probs >= p
-        if floor:
-            mp = host_to_device(min_p, probs.dtype, device)[:, None]
-            drop |= probs < mp * probs[:, :1]
-        drop[:, 0] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-
-
-def race_sample(
-    logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float],
-    keys: list[int],
-) -> torch.Tensor:  # fmt: skip
-    """[S, V] finite logits -> [S] tokens: temperature (> 0), the filters, then the exponential race
-    argmax p / E over each row's (key, token) noise."""
-    device = logits.device
-    logits = logits / host_to_device(temperature, torch.float32, device)[:, None]
-    if any(top_k) or any(p < 1.0 for p in top_p) or any(min_p):
-        logits = filter_top_k_top_p_min_p(logits, top_k, top_p, min_p)
-    probs = torch.softmax(logits, dim=-1)
-    noise = -torch.log(uniform_from_keys(host_to_device(keys, torch.int64, device), logits.shape[-1]))  # [S, V]
-    return (probs / noise).argmax(dim=-1)
-
-
-def random_sample_ref(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-    """random_sample by sorting (NOTE: reads params on the host: a sync on CUDA)."""
-    temperature, top_k, top_p, min_p, keys = params.tolist()
-    finite = torch.isfinite(logits).all(dim=-1)  # [S]
-    logits = torch.where(finite[:, None], logits.float(), 0.0)
-    tokens = logits.argmax(dim=-1)
-    sampled = [row for row, t in enumerate(temperature) if t > 0]
-    if sampled:
-        pick = lambda values: [values[row] for row in sampled]  # noqa: E731
-        tokens[sampled] = race_sample(logits[sampled], pick(temperature), [int(k) for k in pick(top_k)], pick(top_p),
-                                      pick(min_p), [int(k) for k in pick(keys)])  # fmt: skip
-    return torch.stack((tokens, finite.to(torch.int64)))
+        return packed
+    chunks = chunks or choose_chunks(num_rows, vocab, logits.device)
+    most = min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V))
+    if not 1 <= chunks <= most:
+        raise ValueError(f"chunks must be in [1, {most}] for V = {vocab}, got {chunks}")
+    work = torch.empty(7 * num_rows * chunks + 4 * num_rows, dtype=torch.float32, device=logits.device)
+    args = (logits, params, work, ticket_counters(num_rows, logits.device), packed, num_rows, chunks, vocab,
+            logits.stride(0))  # fmt: skip
+    tiles = dict(BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+    _race_kernel[(num_rows, chunks)](*args, **tiles, **pdl_options(logits.device))
+    _check_kernel[(num_rows, chunks)](*args, **tiles, **pdl_options(logits.device))
+    return packed

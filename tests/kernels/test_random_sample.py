@@ -17,13 +17,8 @@ import torch
 from engine.request import Request
 from engine.sampler import Sampler, sampling_key
 from engine.sampling_params import SamplingParams
-from kernels.random_sample import (
-    filter_top_k_top_p_min_p,
-    pack_params,
-    random_sample,
-    random_sample_ref,
-    uniform_from_keys,
-)
+from kernels.random_sample import pack_params, random_sample
+from kernels.random_sample_ref import filter_top_k_top_p_min_p, random_sample_ref, uniform_from_keys
 
 # (temperature, top_k, top_p, min_p): each filter alone, all together, greedy and plain temperature
 CONFIGS = [
@@ -110,6 +105,19 @@ def test_top_k_takes_the_kth_value_across_signs_and_magnitudes(device):
     top = set(logits[0].topk(k).indices.tolist())
     assert set(out[0].tolist()) <= top
     assert len(set(out[0].tolist())) > k // 2
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_top_k_never_takes_the_next_token(chunks, device):
+    """Four likely tokens and top_k = 3: the race's first winner is often the 4th, which must be refused
+    (in the chunked check, and in the single-program path with top-p)."""
+    logits = torch.full((96, 4500), -20.0)
+    logits[:, [7, 300, 2901, 4499]] = torch.tensor([2.0, 1.9, 1.8, 1.7])
+    configs = [(1.0, 3, 1.0, 0.0)] * 48 + [(1.0, 3, 0.999, 0.0)] * 48
+    out = random_sample(logits.to(device), _params(configs, list(range(96)), [5] * 96, device), chunks=chunks).cpu()
+    assert set(out[0].tolist()) == {7, 300, 2901}
+    want, scores = _reference(logits, configs, list(range(96)), [5] * 96)
+    _assert_same_or_near_tie(out[0].tolist(), want, scores)
 
 
 def test_non_finite_rows_are_flagged_and_other_rows_unaffected(device):
