@@ -9,6 +9,9 @@ exponential noise (the "exponential race", equivalent to sampling from p). So
 the token at a position depends only on the logits, the seed and the position:
 a request re-run from any point, on any device, batch or worker, makes the same
 choices. Every request has a seed: a random one when the caller gives none.
+
+On CUDA, rows that only choose (no penalties, bias or min_tokens) take the sort-free kernels of
+kernels/random_sample.py; the torch pieces here and in kernels/random_sample_ref.py are its reference.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class Sampler:
                 may be sampled but not yet read).
 
         NOTE: reads the tokens (and logprobs) on the host, so it waits for the device; the
-        runner calls `sample` instead when no row asks for logprobs.
+        runner calls `sample_packed` instead when no row asks for logprobs.
         """
         num_rows = logits.shape[0]
         token_ids, bad, raw_logprobs = self.sample(logits, requests)
