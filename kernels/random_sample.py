@@ -68,7 +68,7 @@ def _mix32(x):
 def _race_score(x, idx, key):
     """x - log(E) with E = -log(u), u the (key, token id) uniform: the log of p / E up to a row constant."""
     h = _mix32(key + idx.to(tl.uint32) * 0x9E3779B)  # token id x the hash's odd step (uniform_from_keys)
-    u = ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
+    u = tl.minimum(((h >> 8).to(tl.float32) + 0.5) / 16777216.0, 0.99999994)  # uniform_from_keys: below 1
     return x - tl.log(-tl.log(u))
 
 

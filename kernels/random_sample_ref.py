@@ -37,7 +37,10 @@ def uniform_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
         steps = torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * 0x9E3779B
         _VOCAB_STEPS[cache_key] = steps
     x = mix32((keys[:, None] + steps[None, :]) & _M32)  # [S, V]
-    return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
+    # NOTE: (2**24 - 0.5) / 2**24 rounds to 1.0 in fp32, whose noise -log(1) = 0 would make that token
+    # lose every race (p / -0.0 = -inf) or win it (log-space: x - log 0 = +inf) by the arithmetic
+    # chosen; clamped to the largest float below 1 it is a draw like any other (1 token in 2**24)
+    return (((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)).clamp_(max=1.0 - 2.0**-24)
 
 
 def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -18,7 +18,7 @@ from engine.request import Request
 from engine.sampler import Sampler, sampling_key
 from engine.sampling_params import SamplingParams
 from kernels.random_sample import pack_params, random_sample
-from kernels.random_sample_ref import filter_top_k_top_p_min_p, random_sample_ref, uniform_from_keys
+from kernels.random_sample_ref import filter_top_k_top_p_min_p, mix32, random_sample_ref, uniform_from_keys
 
 # (temperature, top_k, top_p, min_p): each filter alone, all together, greedy and plain temperature
 CONFIGS = [
@@ -118,6 +118,31 @@ def test_top_k_never_takes_the_next_token(chunks, device):
     assert set(out[0].tolist()) == {7, 300, 2901}
     want, scores = _reference(logits, configs, list(range(96)), [5] * 96)
     _assert_same_or_near_tie(out[0].tolist(), want, scores)
+
+
+def _key_whose_top_cell_is(token: int) -> int:
+    """A key whose hash for `token` has its top 24 bits all set: u would round to 1.0 (1 token in 2**24)."""
+    step = token * 0x9E3779B
+    for start in range(0, 2**32, 2**22):
+        keys = torch.arange(start, start + 2**22, dtype=torch.int64)
+        hits = (mix32((keys + step) & 0xFFFFFFFF) >> 8 == 2**24 - 1).nonzero()
+        if len(hits):
+            return start + int(hits[0])
+    raise AssertionError("no key found")
+
+
+def test_the_top_noise_cell_is_a_draw_like_any_other(device):
+    """The hash value whose uniform rounds to 1.0 in fp32: clamped below 1, its tiny noise makes that
+    token win by a wide margin in the kernel and the reference alike (it had lost every race in the
+    reference, p / -0.0, and won every race in log space, x - log 0)."""
+    key, vocab = _key_whose_top_cell_is(3), 1000
+    assert float(uniform_from_keys(torch.tensor([key]), vocab)[0, 3]) < 1.0
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(2))
+    logits[1, 3] = logits[1].max() - 30  # far below the rest: even that noise cannot lift it
+    params = pack_params([1.0, 1.0], [0, 0], [1.0, 1.0], [0.0, 0.0], [key, key])
+    want = random_sample_ref(logits, params)[0].tolist()
+    assert want[0] == 3 and want[1] != 3
+    assert random_sample(logits.to(device), params.to(device))[0].tolist() == want
 
 
 def test_non_finite_rows_are_flagged_and_other_rows_unaffected(device):
