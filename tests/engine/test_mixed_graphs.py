@@ -126,7 +126,7 @@ def test_padded_mixed_steps_through_the_triton_kernels(tiny_ckpt: Callable[[str]
     assert engine.runner.graphs.num_mixed_replays >= 2
 
 
-@pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's run of the kernels; the GPU parity script runs it on CUDA")
+@pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's run; test_cuda_graphs.py runs the kernels in a CUDA engine")
 def test_seeded_sampling_through_the_sampling_kernel(tiny_ckpt: Callable[[str], Path], monkeypatch) -> None:
     """The sort-free sampling kernel (interpreted) in the engine: seeded rows with temperature, top-k,
     top-p and min-p, alone and together, beside a greedy row, give the torch engine's tokens."""
