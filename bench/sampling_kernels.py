@@ -62,6 +62,7 @@ def main(argv=None) -> dict:
     import torch
     import triton
 
+    from bench.engine_common import environment
     from engine import ops
     from engine.request import Request
     from engine.sampler import Sampler
@@ -72,9 +73,7 @@ def main(argv=None) -> dict:
     device = torch.device("cpu" if args.dry_run else "cuda")
     vocab, rows_list, calls = (5000, (1, 3), 2) if args.dry_run else (128256, ROWS, args.calls)
     sampler = Sampler()
-    results: dict = {"meta": {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                              "torch": torch.__version__, "triton": triton.__version__, "vocab": vocab,
-                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, "rows": []}  # fmt: skip
+    results: dict = {"meta": {**environment(device), "vocab": vocab}, "rows": []}
     gen = torch.Generator().manual_seed(0)
     for num_rows in rows_list:
         logits = torch.randn(num_rows, vocab, generator=gen) * 2

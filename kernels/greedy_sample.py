@@ -107,24 +107,35 @@ def choose_chunks(num_rows: int, vocab: int, device: torch.device) -> int:
     return max(1, min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V), triton.cdiv(2 * num_sms(device), num_rows)))
 
 
-def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
-    """[S, V] logits -> [2, S] int64: (argmax per row, 1 if the row is all finite else 0).
-
-    chunks overrides the programs per row (tests)."""
-    check_device(_greedy_kernel, "logits", logits)
+def check_logits(logits: torch.Tensor) -> None:
+    """What the sampling launchers take: [S, V] float logits, V > 0, contiguous along V."""
     check_float("logits", logits)
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits must be [S, V] with V > 0, got shape {tuple(logits.shape)}")
     if logits.stride(1) != 1:
         raise ValueError(f"logits must be contiguous in its last dim, got strides {logits.stride()}")
+
+
+def row_chunks(num_rows: int, vocab: int, device: torch.device, chunks: int | None) -> int:
+    """The programs per row: choose_chunks's, or `chunks` (tests) when it fits the vocabulary."""
+    chunks = chunks or choose_chunks(num_rows, vocab, device)
+    most = min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V))
+    if not 1 <= chunks <= most:
+        raise ValueError(f"chunks must be in [1, {most}] for V = {vocab}, got {chunks}")
+    return chunks
+
+
+def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
+    """[S, V] logits -> [2, S] int64: (argmax per row, 1 if the row is all finite else 0).
+
+    chunks overrides the programs per row (tests)."""
+    check_device(_greedy_kernel, "logits", logits)
+    check_logits(logits)
     num_rows, vocab = logits.shape
     out = torch.empty((2, num_rows), dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    chunks = chunks or choose_chunks(num_rows, vocab, logits.device)
-    most = min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V))
-    if not 1 <= chunks <= most:
-        raise ValueError(f"chunks must be in [1, {most}] for V = {vocab}, got {chunks}")
+    chunks = row_chunks(num_rows, vocab, logits.device, chunks)
     part_max = torch.empty((num_rows, chunks), dtype=torch.float32, device=logits.device)
     part_idx = torch.empty((num_rows, chunks), dtype=torch.int32, device=logits.device)
     part_bad = torch.empty((num_rows, chunks), dtype=torch.int32, device=logits.device)

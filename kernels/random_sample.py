@@ -46,9 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float, ticket_counters
+from kernels._launch import check_device, ticket_counters
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.greedy_sample import BLOCK_V, MAX_CHUNKS, choose_chunks, first_argmax, fold_argmax
+from kernels.greedy_sample import BLOCK_V, MAX_CHUNKS, check_logits, first_argmax, fold_argmax, row_chunks
 
 NUM_WARPS = 8
 PARAM_ROWS = ("temperature", "top_k", "top_p", "min_p", "key")
@@ -350,11 +350,7 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor, *, chunks: int | N
 
     chunks overrides the programs per row (tests)."""
     check_device(_race_kernel, "logits and params", logits, params)
-    check_float("logits", logits)
-    if logits.dim() != 2 or logits.shape[1] == 0:
-        raise ValueError(f"logits must be [S, V] with V > 0, got shape {tuple(logits.shape)}")
-    if logits.stride(1) != 1:
-        raise ValueError(f"logits must be contiguous in its last dim, got strides {logits.stride()}")
+    check_logits(logits)
     num_rows, vocab = logits.shape
     if params.shape != (len(PARAM_ROWS), num_rows) or params.dtype != torch.float64 or not params.is_contiguous():
         raise ValueError(f"params must be a contiguous [{len(PARAM_ROWS)}, {num_rows}] float64 tensor "
@@ -362,10 +358,7 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor, *, chunks: int | N
     packed = torch.empty((2, num_rows), dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return packed
-    chunks = chunks or choose_chunks(num_rows, vocab, logits.device)
-    most = min(MAX_CHUNKS, triton.cdiv(vocab, BLOCK_V))
-    if not 1 <= chunks <= most:
-        raise ValueError(f"chunks must be in [1, {most}] for V = {vocab}, got {chunks}")
+    chunks = row_chunks(num_rows, vocab, logits.device, chunks)
     work = torch.empty(7 * num_rows * chunks + 4 * num_rows, dtype=torch.float32, device=logits.device)
     args = (logits, params, work, ticket_counters(num_rows, logits.device), packed, num_rows, chunks, vocab,
             logits.stride(0))  # fmt: skip
