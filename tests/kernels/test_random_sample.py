@@ -111,12 +111,12 @@ def test_top_k_takes_the_kth_value_across_signs_and_magnitudes(device):
 def test_top_k_never_takes_the_next_token(chunks, device):
     """Four likely tokens and top_k = 3: the race's first winner is often the 4th, which must be refused
     (in the chunked check, and in the single-program path with top-p)."""
-    logits = torch.full((96, 4500), -20.0)
+    logits = torch.full((48, 4500), -20.0)
     logits[:, [7, 300, 2901, 4499]] = torch.tensor([2.0, 1.9, 1.8, 1.7])
-    configs = [(1.0, 3, 1.0, 0.0)] * 48 + [(1.0, 3, 0.999, 0.0)] * 48
-    out = random_sample(logits.to(device), _params(configs, list(range(96)), [5] * 96, device), chunks=chunks).cpu()
+    configs = [(1.0, 3, 1.0, 0.0)] * 24 + [(1.0, 3, 0.999, 0.0)] * 24
+    out = random_sample(logits.to(device), _params(configs, list(range(48)), [5] * 48, device), chunks=chunks).cpu()
     assert set(out[0].tolist()) == {7, 300, 2901}
-    want, scores = _reference(logits, configs, list(range(96)), [5] * 96)
+    want, scores = _reference(logits, configs, list(range(48)), [5] * 48)
     _assert_same_or_near_tie(out[0].tolist(), want, scores)
 
 
