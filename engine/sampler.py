@@ -113,16 +113,12 @@ class Sampler:
     def sample_packed(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """[2, S] int64 on the device (token ids, 1 where the row's logits were all finite), without
         waiting for it. When every row only chooses (greedy, temperature, top-k/p, min-p: no
-        penalties, bias or min_tokens) that is ops.random_sample, one kernel on CUDA; else `sample`."""
+        penalties, bias or min_tokens) that is ops.random_sample, two kernels on CUDA; else `sample`."""
         if all(map(only_chooses, requests)):
-            params = pack_params(
-                [r.sampling_params.temperature for r in requests],
-                [r.sampling_params.effective_top_k for r in requests],
-                [r.sampling_params.top_p for r in requests],
-                [r.sampling_params.min_p for r in requests],
-                sampling_keys(requests),
-            )
-            return ops.random_sample(logits, params.pin_memory() if logits.is_cuda else params)
+            rows = [(p.temperature, p.effective_top_k, p.top_p, p.min_p) for p in (r.sampling_params for r in requests)]
+            columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[], [], [], []]
+            params = pack_params(*columns, sampling_keys(requests), pin=logits.is_cuda)
+            return ops.random_sample(logits, params)
         token_ids, bad, _ = self.sample(logits, requests)
         return torch.stack([token_ids, (~bad).to(torch.int64)])
 

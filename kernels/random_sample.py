@@ -5,8 +5,8 @@ Legend: S = rows (sequences that sample this step), V = vocabulary, C = chunks p
     row 0 the token ids, row 1 1 where every logit of the row is finite, else 0 (greedy_sample's
     packing, so the engine reads both with its step's one copy).
 
-Math (the reference below, which sorts; engine/sampler.py uses it): x = logits / temperature; the
-kept set K is
+Math (kernels/random_sample_ref.py's reference, which sorts; engine/sampler.py uses it):
+x = logits / temperature; the kept set K is
     top-k:  the k largest x (k = 0: every token),
     top-p:  tokens whose strictly larger tokens hold less than top_p of the probability mass
             (softmax over the top-k set), the largest always kept,
@@ -56,7 +56,7 @@ PARAM_ROWS = ("temperature", "top_k", "top_p", "min_p", "key")
 
 @triton.jit
 def _mix32(x):
-    """engine/sampler.py's _mix32 on uint32 (its int64 products masked to 32 bits are these wrapping ones)."""
+    """random_sample_ref.mix32 on uint32 (its int64 products masked to 32 bits are these wrapping ones)."""
     x = x ^ (x >> 16)
     x = x * 0x21F0AAAD
     x = x ^ (x >> 15)
@@ -115,7 +115,7 @@ def _kth_largest(base, vocab, k, inv_temp, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, BLOCK_V: tl.constexpr):
-    """The whole row in one program (steps 2-4 of the module docstring), the races starting above `above`
+    """The whole row in one program (the module docstring's single-program path), the races starting above `above`
     (exclusive; a winner known to be outside the kept set, or -inf). The rare path: a rejected winner, or
     top-k with top-p, whose nucleus needs the top-k set's exact mass."""
     cols = tl.arange(0, BLOCK_V)
@@ -339,10 +339,12 @@ def _check_kernel(
 
 
 def pack_params(
-    temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float], keys: list[int]
-) -> torch.Tensor:
-    """The [5, S] fp64 host tensor the kernel reads (every value exact in fp64: keys are < 2**32)."""
-    return torch.tensor([temperature, top_k, top_p, min_p, keys], dtype=torch.float64)
+    temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float], keys: list[int],
+    pin: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """The [5, S] fp64 host tensor the kernel reads (every value exact in fp64: keys are < 2**32), in
+    pinned memory when `pin` (a non-blocking copy to the GPU then needs no staging copy)."""
+    return torch.tensor([temperature, top_k, top_p, min_p, keys], dtype=torch.float64, pin_memory=pin)
 
 
 def random_sample(logits: torch.Tensor, params: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
