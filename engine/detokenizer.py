@@ -11,20 +11,20 @@ Two kinds of text are held back:
   1. A trailing U+FFFD: the window ends inside a multi-byte character that the
      next token may complete. It is released when the text ends cleanly, or at
      `flush`.
-  2. The longest tail that is still the beginning of some stop string. It is
-     released as soon as the following text shows it cannot complete one.
+  2. The longest tail that is still the beginning of some stop string
+     (engine/stop_strings.py, shared with the byte-level fast path).
 
-Stop strings: the output ends at the first stop string to complete (the one
-whose occurrence ends earliest; on a tie, the one that starts earliest). That
-is the rule an engine checking after every token applies, and it makes the
-result the same however the output is split into steps. The emitted text ends
-right before the stop string.
+Byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, SmolLM2) take a faster path
+that needs no window: engine/byte_level.py. `make_detokenizer` picks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from engine.byte_level import ByteLevelTable, ByteStreamDetokenizer
+from engine.stop_strings import StopStringText
 
 # Tokens of already-taken text kept at the start of the window, so the next token
 # decodes in context (its leading space, a character it completes).
@@ -52,7 +52,7 @@ def _stable_length(text: str) -> int:
     return len(text) - pending
 
 
-class IncrementalDetokenizer:
+class IncrementalDetokenizer(StopStringText):
     """Turns one request's output tokens into text deltas and cuts it at stop strings.
 
     Args:
@@ -79,16 +79,9 @@ class IncrementalDetokenizer:
         stop: Iterable[str] = (),
         skip_special_tokens: bool = True,
     ) -> None:
+        super().__init__(stop)
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._stops: list[str] = []
-        for s in stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
-            if s not in self._stops:
-                self._stops.append(s)
-        self._max_stop_len = max((len(s) for s in self._stops), default=0)
-        self._stop_first_chars = frozenset(s[0] for s in self._stops)
 
         # NOTE: `_window` holds the only token ids kept; `_taken` is how many characters of
         # decode(_window) have already moved on (to `_held` or out). The window is cut back to
@@ -107,17 +100,6 @@ class IncrementalDetokenizer:
         # A context that ends inside a character (a resumed request whose last emitted token was
         # half of one) leaves that character to be emitted once the output completes it.
         self._taken = _stable_length(self._decode(self._window))
-        self._held = ""  # decoded text not emitted yet because a stop string may start in it
-        self._pieces: list[str] = []  # every emitted delta; joined lazily by `text`
-        self.stopped = False
-        self.stop_string: str | None = None
-
-    @property
-    def text(self) -> str:
-        """All output text emitted so far."""
-        if len(self._pieces) > 1:
-            self._pieces = ["".join(self._pieces)]
-        return self._pieces[0] if self._pieces else ""
 
     def add_tokens(self, new_token_ids: Sequence[int]) -> str:
         """Feed the next output tokens.
@@ -138,7 +120,10 @@ class IncrementalDetokenizer:
         is_clean = self._taken == len(window_text)
         if len(self._window) >= _CUT_AT_TOKENS and (is_clean or len(self._window) > _MAX_WINDOW_TOKENS):
             new_text += self._cut_window(window_text)
-        return self._release(new_text, final=False)
+        delta = self._release(new_text, final=False)
+        if self.stopped:
+            self._window = []
+        return delta
 
     def flush(self) -> str:
         """Everything still held back, once generation has finished without a stop string.
@@ -175,45 +160,12 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
 
-    def _release(self, new_text: str, final: bool) -> str:
-        """Append `new_text` to the held text; emit what can no longer be part of a stop string."""
-        held = self._held + new_text
-        if not self._stops:
-            self._held = ""
-            return self._emit(held)
-        match = self._find_stop(held)
-        if match is not None:
-            start, stop_string = match
-            self.stopped = True
-            self.stop_string = stop_string
-            self._held = ""
-            self._window = []
-            return self._emit(held[:start])
-        keep = 0 if final else self._stop_prefix_tail_length(held)
-        self._held = held[len(held) - keep :]
-        return self._emit(held[: len(held) - keep])
 
-    def _emit(self, delta: str) -> str:
-        if delta:
-            self._pieces.append(delta)
-        return delta
-
-    def _find_stop(self, held: str) -> tuple[int, str] | None:
-        """The stop string whose first occurrence in `held` ends earliest (ties: starts earliest)."""
-        # NOTE: emitted text never holds the start of a stop string (see `_stop_prefix_tail_length`),
-        # so every occurrence lies wholly inside `held`.
-        best: tuple[int, int, str] | None = None
-        for s in self._stops:
-            start = held.find(s)
-            if start >= 0 and (best is None or (start + len(s), start) < best[:2]):
-                best = (start + len(s), start, s)
-        return None if best is None else (best[1], best[2])
-
-    def _stop_prefix_tail_length(self, held: str) -> int:
-        """Length of the longest tail of `held` that some stop string starts with (shorter than it)."""
-        for start in range(max(0, len(held) - self._max_stop_len + 1), len(held)):
-            if held[start] in self._stop_first_chars:
-                tail = held[start:]
-                if any(s.startswith(tail) for s in self._stops):
-                    return len(held) - start
-        return 0
+def make_detokenizer(
+    decoder: Any, context_token_ids: Sequence[int], stop: Iterable[str] = (), skip_special_tokens: bool = True
+) -> IncrementalDetokenizer | ByteStreamDetokenizer:
+    """The detokenizer for `decoder`: a ByteLevelTable (engine/byte_level.py) streams bytes; anything
+    else with a tokenizer's `decode` gets the window. Both emit the same text over a whole output."""
+    if isinstance(decoder, ByteLevelTable):
+        return ByteStreamDetokenizer(decoder, context_token_ids, stop, skip_special_tokens)
+    return IncrementalDetokenizer(decoder, context_token_ids, stop, skip_special_tokens)

@@ -15,8 +15,9 @@ import torch
 
 from engine import ops
 from engine.block_manager import BlockManager
+from engine.byte_level import ByteStreamDetokenizer
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, make_detokenizer
 from engine.engine_outputs import OutputProcessing
 from engine.launched_step import LaunchedStep
 from engine.model_loader import load_model
@@ -102,7 +103,7 @@ class LLMEngine(OutputProcessing):
         self.scheduler = Scheduler(sched, self.block_manager)
         self.requests: dict[str, Request] = {}  # internal id -> request
         self._children: dict[str, list[str]] = {}  # caller's id -> internal ids
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer | ByteStreamDetokenizer] = {}
         self.async_scheduling = (
             config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
         )
@@ -179,7 +180,7 @@ class LLMEngine(OutputProcessing):
             self.requests[internal_id] = request
             if _reads_history(params):
                 self._sync_request_ids.add(internal_id)
-            self._detokenizers[internal_id] = IncrementalDetokenizer(
+            self._detokenizers[internal_id] = make_detokenizer(
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
             self.scheduler.add_request(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.byte_level import byte_level_table
 from engine.weights.errors import CheckpointError
 
 
@@ -84,7 +85,12 @@ class _BackendDecoder:
 
 
 def fast_decoder(tokenizer: Any) -> Any:
-    """The tokenizer itself, or a _BackendDecoder where that gives the same text."""
+    """What the engine's detokenizers decode with (engine/detokenizer.py's make_detokenizer): a
+    ByteLevelTable for byte-level BPE, else a _BackendDecoder, else the tokenizer itself; each only
+    where it gives the tokenizer's own text."""
+    table = byte_level_table(tokenizer)
+    if table is not None:
+        return table
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend

@@ -1,17 +1,21 @@
-"""IncrementalDetokenizer over the real SmolLM2 tokenizer (byte-level BPE, from the packaged GGUF)."""
+"""Both detokenizers over the real SmolLM2 tokenizer (byte-level BPE, from the packaged GGUF): the
+window over the tokenizer's decode (IncrementalDetokenizer, for any tokenizer) and the byte stream
+over its ByteLevelTable (engine/byte_level.py). Every test of the text runs on both."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from engine.detokenizer import _CUT_AT_TOKENS, IncrementalDetokenizer
+from engine.byte_level import byte_level_table
+from engine.detokenizer import _CUT_AT_TOKENS, IncrementalDetokenizer, make_detokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_END = "<|im_end|>"
@@ -33,12 +37,37 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=GGUF_NAME)
 
 
+@pytest.fixture(scope="module")
+def table(tokenizer):
+    built = byte_level_table(tokenizer)
+    assert built is not None  # SmolLM2's tokenizer is byte-level BPE: the fast path must apply
+    return built
+
+
+@pytest.fixture(params=["window", "byte_stream"])
+def make(request, tokenizer, table):
+    """(context_ids, stop=..., skip_special_tokens=...) -> a detokenizer of the parametrized kind."""
+    decoder = tokenizer if request.param == "window" else table
+
+    def new(context_ids, stop=(), skip_special_tokens=True):
+        return make_detokenizer(decoder, list(context_ids), stop, skip_special_tokens)
+
+    return new
+
+
+def window_over(decoder):
+    """The window detokenizer over `decoder` (a DecodeSpy), for the tests of its decode calls."""
+    return lambda context_ids, stop=(), skip_special_tokens=True: IncrementalDetokenizer(
+        decoder, list(context_ids), stop, skip_special_tokens
+    )
+
+
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 def run_steps(
-    tokenizer,
+    make,
     output_ids: Sequence[int],
     chunk_sizes: Sequence[int] | None = None,
     *,
@@ -46,9 +75,9 @@ def run_steps(
     stop: Sequence[str] = (),
     skip_special_tokens: bool = True,
     flush: bool = True,
-) -> tuple[IncrementalDetokenizer, list[str]]:
+) -> tuple[Any, list[str]]:
     """Feed `output_ids` in chunks (one token at a time by default); returns the detokenizer and every delta."""
-    det = IncrementalDetokenizer(tokenizer, list(context_ids), stop=stop, skip_special_tokens=skip_special_tokens)
+    det = make(context_ids, stop=stop, skip_special_tokens=skip_special_tokens)
     deltas = []
     sizes = iter(chunk_sizes or [])
     pos = 0
@@ -92,9 +121,9 @@ def test_the_multilingual_text_really_splits_characters_across_tokens(tokenizer)
     assert sum("\ufffd" in tokenizer.decode([i]) for i in ids) > 20
 
 
-def test_one_token_at_a_time_concatenates_to_the_full_decode(tokenizer):
+def test_one_token_at_a_time_concatenates_to_the_full_decode(tokenizer, make):
     ids = encode(tokenizer, MULTILINGUAL_TEXT)
-    det, deltas = run_steps(tokenizer, ids)
+    det, deltas = run_steps(make, ids)
     assert "".join(deltas) == MULTILINGUAL_TEXT == det.text
     assert not det.stopped and det.stop_string is None
     # Half characters are held back, never emitted as U+FFFD.
@@ -106,16 +135,16 @@ def test_one_token_at_a_time_concatenates_to_the_full_decode(tokenizer):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_random_chunk_sizes_concatenate_to_the_full_decode(tokenizer, seed):
+def test_random_chunk_sizes_concatenate_to_the_full_decode(tokenizer, seed, make):
     rng = random.Random(seed)
     ids = encode(tokenizer, MULTILINGUAL_TEXT)
     output = ids[rng.randrange(len(ids) // 2) :]
-    det, deltas = run_steps(tokenizer, output, random_chunks(rng, len(output)))
+    det, deltas = run_steps(make, output, random_chunks(rng, len(output)))
     assert "".join(deltas) == tokenizer.decode(output) == det.text
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_character_split_between_context_and_output_is_emitted_whole(tokenizer, seed):
+def test_a_character_split_between_context_and_output_is_emitted_whole(tokenizer, seed, make):
     rng = random.Random(seed)
     ids = encode(tokenizer, MULTILINGUAL_TEXT)
     # A cut inside a character: its first bytes end the context (a resumed request whose last
@@ -123,14 +152,14 @@ def test_a_character_split_between_context_and_output_is_emitted_whole(tokenizer
     split_points = [i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith("\ufffd")]
     start = rng.choice(split_points)
     context_text = tokenizer.decode(ids[:start])
-    det, deltas = run_steps(tokenizer, ids[start:], random_chunks(rng, len(ids) - start), context_ids=ids[:start])
+    det, deltas = run_steps(make, ids[start:], random_chunks(rng, len(ids) - start), context_ids=ids[:start])
     assert "".join(deltas) == det.text == MULTILINGUAL_TEXT[len(context_text) - 1 :]
     assert "\ufffd" not in det.text
 
 
-def test_text_held_for_an_incomplete_character_comes_out_at_flush(tokenizer):
+def test_text_held_for_an_incomplete_character_comes_out_at_flush(tokenizer, make):
     ids = encode(tokenizer, "ok 🎉")[:-1]  # the emoji's last byte never arrives
-    det, deltas = run_steps(tokenizer, ids, flush=False)
+    det, deltas = run_steps(make, ids, flush=False)
     assert "".join(deltas) == "ok "  # the token " \xf0\x9f" brings its space; the half emoji waits
     tail = det.flush()
     assert "".join(deltas) + tail == tokenizer.decode(ids)
@@ -138,19 +167,19 @@ def test_text_held_for_an_incomplete_character_comes_out_at_flush(tokenizer):
 
 
 @pytest.mark.parametrize("chunk", [63, 64, 65, 200])
-def test_a_big_step_ending_inside_a_character_holds_it_back(tokenizer, chunk):
+def test_a_big_step_ending_inside_a_character_holds_it_back(tokenizer, chunk, make):
     ids = encode(tokenizer, MULTILINGUAL_TEXT * 2 + " ok 🎉")
     head = ids[:-1]  # ends with the emoji's first bytes
-    det, deltas = run_steps(tokenizer, head, [chunk] * len(head), flush=False)
+    det, deltas = run_steps(make, head, [chunk] * len(head), flush=False)
     assert "".join(deltas) == tokenizer.decode(ids).removesuffix("🎉")
     assert det.add_tokens(ids[-1:]) == "🎉"
     assert det.text == tokenizer.decode(ids)
 
 
-def test_stop_string_spanning_three_tokens_is_cut_exactly(tokenizer):
+def test_stop_string_spanning_three_tokens_is_cut_exactly(tokenizer, make):
     ids = encode(tokenizer, "The answer is forty-two. Then more text follows here.")
     # " forty" "-" "two": the stop string starts inside the first token and ends inside the third.
-    det = IncrementalDetokenizer(tokenizer, [], stop=["rty-tw"])
+    det = make([], stop=["rty-tw"])
     deltas = []
     for token_id in ids:
         deltas.append(det.add_tokens([token_id]))
@@ -165,95 +194,95 @@ def test_stop_string_spanning_three_tokens_is_cut_exactly(tokenizer):
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 100])
-def test_stop_string_spanning_two_tokens_for_any_chunking(tokenizer, chunk):
+def test_stop_string_spanning_two_tokens_for_any_chunking(tokenizer, chunk, make):
     ids = encode(tokenizer, "Say Hello world and goodbye")
-    det, deltas = run_steps(tokenizer, ids, [chunk] * len(ids), stop=["llo wor"])
+    det, deltas = run_steps(make, ids, [chunk] * len(ids), stop=["llo wor"])
     assert "".join(deltas) == det.text == "Say He"
     assert det.stopped and det.stop_string == "llo wor"
 
 
-def test_text_that_may_start_a_stop_string_is_held_back_then_released(tokenizer):
+def test_text_that_may_start_a_stop_string_is_held_back_then_released(tokenizer, make):
     ids = encode(tokenizer, "The end. ###")
-    det, deltas = run_steps(tokenizer, ids, stop=["####"], flush=False)
+    det, deltas = run_steps(make, ids, stop=["####"], flush=False)
     assert "".join(deltas) == "The end. "  # "###" could still become "####"
     assert not det.stopped
     assert det.flush() == "###"
     assert det.text == "The end. ###" == tokenizer.decode(ids)
 
 
-def test_held_back_text_is_released_once_the_stop_string_cannot_complete(tokenizer):
+def test_held_back_text_is_released_once_the_stop_string_cannot_complete(tokenizer, make):
     ids = encode(tokenizer, "The end. ### more words")
-    det, deltas = run_steps(tokenizer, ids, stop=["####"], flush=False)
+    det, deltas = run_steps(make, ids, stop=["####"], flush=False)
     assert "".join(deltas) == "The end. ### more words"
     assert det.flush() == ""
 
 
-def test_overlapping_stop_strings_the_first_to_complete_wins(tokenizer):
+def test_overlapping_stop_strings_the_first_to_complete_wins(tokenizer, make):
     ids = encode(tokenizer, "Say Hello world and goodbye")
-    det, deltas = run_steps(tokenizer, ids, stop=["world", "lo w"])
+    det, deltas = run_steps(make, ids, stop=["world", "lo w"])
     assert "".join(deltas) == "Say Hel" and det.stop_string == "lo w"
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 100])
-def test_a_stop_string_inside_a_longer_one_completes_first(tokenizer, chunk):
+def test_a_stop_string_inside_a_longer_one_completes_first(tokenizer, chunk, make):
     ids = encode(tokenizer, "Say Hello world and goodbye")
-    det, deltas = run_steps(tokenizer, ids, [chunk] * len(ids), stop=["Hello world", "lo"])
+    det, deltas = run_steps(make, ids, [chunk] * len(ids), stop=["Hello world", "lo"])
     assert "".join(deltas) == "Say Hel" and det.stop_string == "lo"
 
 
-def test_the_earliest_of_several_stop_strings_wins(tokenizer):
+def test_the_earliest_of_several_stop_strings_wins(tokenizer, make):
     ids = encode(tokenizer, "first STOP then END and STOP again")
-    det, deltas = run_steps(tokenizer, ids, stop=["END", "STOP"])
+    det, deltas = run_steps(make, ids, stop=["END", "STOP"])
     assert "".join(deltas) == "first " and det.stop_string == "STOP"
 
 
-def test_a_stop_string_found_only_at_flush(tokenizer):
+def test_a_stop_string_found_only_at_flush(tokenizer, make):
     # The trailing half character is held back until flush; only then the U+FFFD it becomes is seen.
     ids = encode(tokenizer, "ok 🎉")[:-1]
-    det, deltas = run_steps(tokenizer, ids, stop=["\ufffd"], flush=False)
+    det, deltas = run_steps(make, ids, stop=["\ufffd"], flush=False)
     assert not det.stopped
     assert det.flush() == "" and det.stopped and det.stop_string == "\ufffd"
     assert "".join(deltas) == det.text == tokenizer.decode(ids).split("\ufffd")[0]
 
 
-def test_first_output_token_keeps_its_leading_space_after_a_prompt(tokenizer):
+def test_first_output_token_keeps_its_leading_space_after_a_prompt(tokenizer, make):
     prompt = encode(tokenizer, "User: hi\nAssistant:")
     output = encode(tokenizer, " Hello there")
-    det, deltas = run_steps(tokenizer, output, context_ids=prompt)
+    det, deltas = run_steps(make, output, context_ids=prompt)
     assert deltas[0] == " Hello"
     assert det.text == " Hello there" == tokenizer.decode(output)
 
 
-def test_chat_template_context_is_never_emitted(tokenizer):
+def test_chat_template_context_is_never_emitted(tokenizer, make):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
     output = encode(tokenizer, "Hi! 👋 How can I help?")
-    det, _ = run_steps(tokenizer, output, context_ids=prompt, skip_special_tokens=False)
+    det, _ = run_steps(make, output, context_ids=prompt, skip_special_tokens=False)
     assert det.text == "Hi! 👋 How can I help?"
 
 
-def test_resumed_request_completes_a_character_split_by_the_previous_worker(tokenizer):
+def test_resumed_request_completes_a_character_split_by_the_previous_worker(tokenizer, make):
     output = encode(tokenizer, "🎉 party time")
     prior, rest = output[:1], output[1:]  # the previous worker emitted half of the emoji (held back)
-    det, deltas = run_steps(tokenizer, rest, context_ids=encode(tokenizer, "Say:") + prior)
+    det, deltas = run_steps(make, rest, context_ids=encode(tokenizer, "Say:") + prior)
     assert "".join(deltas) == "🎉 party time"
 
 
 @pytest.mark.parametrize("skip_special_tokens, expected", [(True, "Hi there"), (False, f"Hi{IM_END} there{IM_END}")])
-def test_special_tokens_are_skipped_or_kept_by_flag(tokenizer, skip_special_tokens, expected):
+def test_special_tokens_are_skipped_or_kept_by_flag(tokenizer, skip_special_tokens, expected, make):
     im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
     output = encode(tokenizer, "Hi") + [im_end_id] + encode(tokenizer, " there") + [im_end_id]
     for chunk in (1, 2, len(output)):
-        det, deltas = run_steps(tokenizer, output, [chunk] * len(output), skip_special_tokens=skip_special_tokens)
+        det, deltas = run_steps(make, output, [chunk] * len(output), skip_special_tokens=skip_special_tokens)
         assert "".join(deltas) == expected == tokenizer.decode(output, skip_special_tokens=skip_special_tokens)
 
 
-def test_special_token_between_the_bytes_of_one_character(tokenizer):
+def test_special_token_between_the_bytes_of_one_character(tokenizer, make):
     im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
     emoji = encode(tokenizer, "🎉")
     output = emoji[:1] + [im_end_id] + emoji[1:]
     for skip in (True, False):
-        det, deltas = run_steps(tokenizer, output, skip_special_tokens=skip)
+        det, deltas = run_steps(make, output, skip_special_tokens=skip)
         assert "".join(deltas) == tokenizer.decode(output, skip_special_tokens=skip)
     assert det.text.startswith(f"\ufffd{IM_END}\ufffd")  # kept: the special token splits the byte run
 
@@ -261,7 +290,7 @@ def test_special_token_between_the_bytes_of_one_character(tokenizer):
 def test_each_step_decodes_a_bounded_window(tokenizer):
     ids = encode(tokenizer, MULTILINGUAL_TEXT * 6)
     spy = DecodeSpy(tokenizer)
-    det, _ = run_steps(spy, ids)
+    det, _ = run_steps(window_over(spy), ids)
     assert det.text == tokenizer.decode(ids)
     # the window is cut back once it reaches _CUT_AT_TOKENS; a step may add a token and a character
     # still waiting for its last bytes may hold up to 3 more
@@ -274,7 +303,7 @@ def test_a_run_of_invalid_bytes_keeps_the_window_bounded(tokenizer):
     lone_continuation_byte = tokenizer.convert_tokens_to_ids("ĸ")
     output = encode(tokenizer, "x") + [lone_continuation_byte] * 300 + encode(tokenizer, " done")
     spy = DecodeSpy(tokenizer)
-    det, deltas = run_steps(spy, output)
+    det, deltas = run_steps(window_over(spy), output)
     assert det.text == tokenizer.decode(output) == "x" + "\ufffd" * 300 + " done"
     assert max(spy.decode_lengths) <= 65
 
@@ -289,14 +318,14 @@ def test_a_run_of_incomplete_characters_keeps_the_window_bounded(tokenizer, chun
         expected = "\ufffd" * (num_pairs - 1) + "世 done"
         assert tokenizer.decode(output) == expected
         spy = DecodeSpy(tokenizer)
-        det, _ = run_steps(spy, output, [chunk] * len(output))
+        det, _ = run_steps(window_over(spy), output, [chunk] * len(output))
         assert det.text == expected
         assert max(spy.decode_lengths) <= 65 + chunk
 
 
-def test_empty_stop_string_is_rejected(tokenizer):
+def test_empty_stop_string_is_rejected(tokenizer, make):
     with pytest.raises(ValueError, match="stop strings must be non-empty"):
-        IncrementalDetokenizer(tokenizer, [], stop=["ok", ""])
+        make([], stop=["ok", ""])
 
 
 @st.composite
@@ -314,7 +343,7 @@ def detokenize_cases(draw, corpus_ids: list[int], boundaries: list[int], vocab_s
     return context, output, chunks, draw(st.booleans())
 
 
-def test_property_deltas_match_the_full_decode_and_the_stop_rule(tokenizer):
+def test_property_deltas_match_the_full_decode_and_the_stop_rule(tokenizer, make):
     corpus_ids = encode(tokenizer, MULTILINGUAL_TEXT + " The answer is forty-two. Say Hello world and goodbye.")
     boundaries = [i for i in range(len(corpus_ids)) if not tokenizer.decode(corpus_ids[:i]).endswith("\ufffd")]
     im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
@@ -334,10 +363,25 @@ def test_property_deltas_match_the_full_decode_and_the_stop_rule(tokenizer):
             for _ in range(data.draw(st.integers(1, 3))):
                 i = data.draw(st.integers(0, len(full) - 1))
                 stops.append(full[i : i + data.draw(st.integers(1, 6))])
-        det, deltas = run_steps(tokenizer, output, chunks, context_ids=context, stop=stops, skip_special_tokens=skip)
+        det, deltas = run_steps(make, output, chunks, context_ids=context, stop=stops, skip_special_tokens=skip)
         cut = first_completed_stop(full, stops)
         assert "".join(deltas) == det.text == (full if cut is None else full[: cut[0]])
         assert det.stopped == (cut is not None)
         assert det.stop_string == (None if cut is None else cut[1])
 
     check()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 70])
+def test_runs_of_invalid_bytes_and_unfinished_characters_decode_as_the_tokenizer_does(tokenizer, make, chunk):
+    lone_continuation_byte = tokenizer.convert_tokens_to_ids("ĸ")
+    lead, middle = tokenizer.convert_tokens_to_ids(["ä", "¸"])
+    last = encode(tokenizer, "世")[-1]
+    outputs = [
+        encode(tokenizer, "x") + [lone_continuation_byte] * 30 + encode(tokenizer, " done"),
+        [lead, middle] * 9 + [last] + encode(tokenizer, " done"),
+        [lead, middle, lead] + encode(tokenizer, "ok") + [middle, last],
+    ]
+    for output in outputs:
+        det, deltas = run_steps(make, output, [chunk] * len(output))
+        assert "".join(deltas) == det.text == tokenizer.decode(output)
