@@ -2,10 +2,11 @@
 with random weights, the transformers peer, and writing results.
 
 Model shapes come from bench/configs/<name>/config.json. The engine builds them with random
-weights (load_format "dummy"); their directory gets a synthetic word-level tokenizer of the
-config's vocabulary size, so the engine detokenizes every token as it would a real model's
-(the benchmarks use random token ids, which a real tokenizer of another vocabulary could not
-decode).
+weights (load_format "dummy"); their directory gets a synthetic byte-level BPE tokenizer of the
+config's vocabulary size (the kind Llama 3, Qwen and GPT-2 ship), so the engine detokenizes every
+token as it would a real model's (the benchmarks use random token ids, which a real tokenizer of
+another vocabulary could not decode). Until 2026-11-25 it was a word-level tokenizer without a
+decoder, which the engine's byte-level fast path (engine/byte_level.py) does not take.
 """
 
 from __future__ import annotations
@@ -109,11 +110,7 @@ TINY_OVERRIDES = {
 
 def model_dir(name: str, tiny: bool = False) -> Path:
     """A directory with bench/configs/<name>/config.json (shrunk when tiny) and a synthetic
-    word-level tokenizer of its vocabulary."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-
+    byte-level BPE tokenizer of its vocabulary."""
     source = CONFIGS / name / "config.json"
     if not source.is_file():
         raise SystemExit(f"no config {source}; known: {sorted(p.name for p in CONFIGS.iterdir())}")
@@ -122,12 +119,35 @@ def model_dir(name: str, tiny: bool = False) -> Path:
         config.update({k: v for k, v in TINY_OVERRIDES.items() if k in config or k == "head_dim"})
     out = Path(tempfile.mkdtemp(prefix=f"inferq-{name}-"))
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    vocab_size = int(config["vocab_size"])
-    tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = WhitespaceSplit()
-    tokenizer.save(str(out / "tokenizer.json"))
+    byte_level_tokenizer(int(config["vocab_size"])).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
     return out
+
+
+def byte_level_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer of vocab_size tokens: the 256 bytes, then words (" a", " b", ...,
+    " aa", ...) as real vocabularies hold them after their byte tokens. No merges: it decodes
+    every id as a real one would, and encodes only byte by byte (the benchmarks send token ids)."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    # GPT-2's byte -> printable character map (what a byte-level vocabulary's strings are made of)
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    char_of = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(shifted)}
+    vocab = {char_of[b]: b for b in range(256)}
+    for token_id in range(256, vocab_size):
+        word, n = "", token_id - 256
+        while True:
+            word = chr(ord("a") + n % 26) + word
+            n = n // 26 - 1
+            if n < 0:
+                break
+        vocab[char_of[ord(" ")] + word] = token_id
+    tokenizer = Tokenizer(BPE(vocab, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
 
 
 def vocab_size_of(directory: Path) -> int:
