@@ -16,6 +16,7 @@ kernels/random_sample.py; the torch pieces here and in kernels/random_sample_ref
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -43,18 +44,24 @@ def _mix32_int(x: int) -> int:
     return x ^ (x >> 15)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _seed_key(seed: int) -> int:
+    """The position-free part of sampling_key: a request's seed never changes, so each step pays
+    one mix a row instead of three (at 256 sampled rows the keys were most of the step's host work)."""
+    return _mix32_int((seed & _M32) ^ _mix32_int((seed >> 32) & _M32))
+
+
 def sampling_key(seed: int, position: int) -> int:
     """The key of (seed, position) that seeded_uniform hashes with each token id, on the host.
 
     NOTE: the sampler computes it here, not on the device: as tensor ops it was ~30 kernel launches of
     [S]-sized tensors a sampled step (seeds and positions are host values anyway)."""
-    lo, hi = seed & _M32, (seed >> 32) & _M32
-    return _mix32_int(_mix32_int(lo ^ _mix32_int(hi)) ^ (position & _M32))
+    return _mix32_int(_seed_key(seed) ^ (position & _M32))
 
 
 def sampling_keys(requests: list[Request]) -> list[int]:
     """Each request's key for the token it samples next (at num_tokens_with_pending)."""
-    return [sampling_key(r.seed, r.num_tokens_with_pending) for r in requests]
+    return [_mix32_int(_seed_key(r.seed) ^ (r.num_tokens_with_pending & _M32)) for r in requests]
 
 
 def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -12,7 +12,14 @@ from transformers.generation.logits_process import (
 )
 
 from engine.request import Request
-from engine.sampler import Sampler, filter_top_k_top_p_min_p, sampling_key, seeded_uniform, uniform_from_keys
+from engine.sampler import (
+    Sampler,
+    filter_top_k_top_p_min_p,
+    sampling_key,
+    sampling_keys,
+    seeded_uniform,
+    uniform_from_keys,
+)
 from engine.sampling_params import MAX_SEED, SamplingParams
 
 V = 50
@@ -49,6 +56,19 @@ def test_host_keys_give_the_same_draws_as_the_tensor_hash():
     keys = torch.tensor([sampling_key(seed, pos) for seed, pos in zip(seeds, positions, strict=True)])
     want = seeded_uniform(torch.tensor(seeds), torch.tensor(positions), 5003)
     assert torch.equal(uniform_from_keys(keys, 5003), want)
+    # the engine's batch form (requests sample at num_tokens_with_pending) gives the same keys
+    requests = []
+    for seed, pos in zip(seeds, positions, strict=True):
+        if pos > 2**20:
+            continue  # a prompt that long is not worth building; the single form covers those positions
+        request = req(seed=seed)
+        request.all_token_ids = [1] * pos
+        requests.append(request)
+    assert len(requests) > 20
+    assert sampling_keys(requests) == [sampling_key(r.seed, r.num_tokens_with_pending) for r in requests]
+    assert [sampling_key(r.seed, r.num_tokens_with_pending) for r in requests] == keys[
+        [i for i, pos in enumerate(positions) if pos <= 2**20]
+    ].tolist()
 
 
 def _tensor_ops_of_one_sampled_step(**params) -> int:
