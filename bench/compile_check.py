@@ -31,7 +31,8 @@ POINTER_TYPES = {
     "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32", "counter_ptr": "*i32",
     "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "part_max_ptr": "*fp32", "part_idx_ptr": "*i32",
     "part_bad_ptr": "*i32", "pos_ptr": "*i64", "slot_ptr": "*i64", "cache_ptr": "*fp32", "cos_sin_ptr": "*fp32",
-    "params_ptr": "*fp64", "packed_ptr": "*i64", "work_ptr": "*fp32",
+    "params_ptr": "*fp64", "packed_ptr": "*i64", "work_ptr": "*fp32", "kth_ptr": "*fp32", "hist_ptr": "*i32",
+    "select_ptr": "*i64",
 }  # fmt: skip
 FLOAT_SCALARS = {"eps", "norm_eps", "qk_scale"}
 
@@ -76,8 +77,11 @@ def _variants() -> list[Variant]:
                 "queries < 4k"),
         Variant("prefill_attention", "_prefill_kernel", dict(prefill, BLOCK_N=128), {"num_warps": 8, "num_stages": 3},
                 "queries >= 4k"),
-        Variant("random_sample", "_race_kernel", dict(BLOCK_C=128, BLOCK_V=2048, **pdl), {"num_warps": 8, **on}),
-        Variant("random_sample", "_check_kernel", dict(BLOCK_C=128, BLOCK_V=2048, **pdl), {"num_warps": 8, **on}),
+        Variant("top_k_select", "_radix_pass_kernel", dict(BLOCK_V=2048, DIGIT=1, **pdl), {"num_warps": 8, **on}),
+        Variant("random_sample", "_race_kernel", dict(BLOCK_C=128, BLOCK_V=2048, HAS_KTH=True, **pdl),
+                {"num_warps": 8, **on}),
+        Variant("random_sample", "_check_kernel", dict(BLOCK_C=128, BLOCK_V=2048, HAS_KTH=True, **pdl),
+                {"num_warps": 8, **on}),
         Variant("greedy_sample", "_greedy_kernel", dict(BLOCK_C=128, BLOCK_V=2048, **pdl), {"num_warps": 8, **on}),
         Variant("rms_norm", "_rms_norm_kernel", dict(HAS_RESIDUAL=True, BLOCK_R=1, BLOCK_N=4096, **pdl),
                 {"num_warps": 8, **on}),

@@ -16,16 +16,20 @@ counter hash of (key, v). As argmax_v (x_v - log E_v) the race needs neither the
 sort. Each filter keeps the tokens above a threshold, so if the race's winner w over all tokens lies
 in K, it is K's winner; if it does not, no token at or below x_w does either.
 
-Kernels: grid (S, C) twice, each program one strided share of a row, the last of a row (a ticket
+Kernels: grid (S, C), each program one strided share of a row, the last of a row (a ticket
 from an atomic counter, greedy_sample's pattern) merging the shares:
+    0. only when a row has top-k: kernels/top_k_select.py's `_radix_pass_kernel` four times, the k-th
+       largest x (8-bit digits; each pass's histograms counted over the shares, the digit picked by
+       the last program). The race and the softmax of such a row then run over x >= that value only,
+       so top-k never refuses a winner, and top-k with top-p needs no single-program path.
     1. `_race_kernel`: max and first argmax (greedy), finiteness, the softmax's max and denominator
        (online), and the race over every token. Temperature alone, greedy and bad rows end here.
     2. `_check_kernel`: for rows with top-k or top-p, the count and the mass of the tokens above x_w;
        w is kept when fewer than k are larger and they hold less than top_p of the mass. A winner
-       outside K (about 1 row in 20 at top_p = 0.95: the mass outside the nucleus) and top-k with
-       top-p (whose nucleus needs the top-k set's mass) go to `_sample_row`: one program runs the
-       rest, with the k-th largest x by radix select (4 passes of 8-bit digit histograms) and races
-       above each refused winner.
+       outside K (about 1 row in 20 at top_p = 0.95: the mass outside the nucleus) goes to
+       `_sample_row`: one program runs the rest, racing above each refused winner (with step 0's k-th
+       value; without step 0, select_top_k=False, it finds it by the same radix select alone, and
+       top-k with top-p always goes there).
 Temperature 0 is greedy (the first argmax, as torch.argmax). A row with a non-finite logit gets
 token 0 and finite 0: the engine reports it as an error and never uses the token.
 
@@ -49,6 +53,7 @@ import triton.language as tl
 from kernels._launch import check_device, ticket_counters
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 from kernels.greedy_sample import BLOCK_V, MAX_CHUNKS, check_logits, first_argmax, fold_argmax, row_chunks
+from kernels.top_k_select import kth_largest, takes_top_k, top_k_thresholds_on
 
 NUM_WARPS = 8
 PARAM_ROWS = ("temperature", "top_k", "top_p", "min_p", "key")
@@ -73,55 +78,19 @@ def _race_score(x, idx, key):
 
 
 @triton.jit
-def _ordered(x):
-    """fp32 -> uint32 whose unsigned order is the floats' order (negative floats flipped whole)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
-    return bits ^ flip
-
-
-@triton.jit
-def _from_ordered(key):
-    flip = tl.where((key >> 31) == 1, 0x80000000, 0xFFFFFFFF).to(tl.uint32)
-    return (key ^ flip).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _kth_largest(base, vocab, k, inv_temp, BLOCK_V: tl.constexpr):
-    """The k-th largest of x = logits * inv_temp over the row (k >= 1), by radix select on _ordered(x)."""
-    cols = tl.arange(0, BLOCK_V)
-    bins = tl.arange(0, 256)
-    prefix = tl.zeros([], tl.uint32)
-    remaining = k
-    for digit in tl.static_range(4):
-        shift = 24 - 8 * digit
-        counts = tl.zeros([256], tl.int32)
-        for start in range(0, vocab, BLOCK_V):
-            idx = start + cols
-            x = tl.load(base + idx, mask=idx < vocab, other=0.0).to(tl.float32) * inv_temp
-            key = _ordered(x)
-            if digit == 0:
-                match = idx < vocab
-            else:
-                match = (idx < vocab) & ((key >> (shift + 8)) == prefix)
-            counts += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
-        # bins from the top: at_or_above[b] = tokens of this prefix whose digit is >= b
-        at_or_above = tl.sum(counts) - tl.cumsum(counts, axis=0) + counts
-        b = tl.max(tl.where(at_or_above >= remaining, bins, 0))
-        remaining -= tl.sum(tl.where(bins > b, counts, 0))
-        prefix = (prefix << 8) | b.to(tl.uint32)
-    return _from_ordered(prefix)
-
-
-@triton.jit
-def _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, BLOCK_V: tl.constexpr):
+def _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, kth, kth_known,
+                BLOCK_V: tl.constexpr):  # fmt: skip
     """The whole row in one program (the module docstring's single-program path), the races starting above `above`
     (exclusive; a winner known to be outside the kept set, or -inf). The rare path: a rejected winner, or
-    top-k with top-p, whose nucleus needs the top-k set's exact mass."""
+    top-k with top-p, whose nucleus needs the top-k set's exact mass. `kth`: the k-th largest x when
+    `kth_known` (from step 0), else found here."""
     cols = tl.arange(0, BLOCK_V)
     lower = tl.full([], float("-inf"), tl.float32)  # inclusive bound: top-k and min-p
     if top_k > 0 and top_k < vocab:
-        lower = _kth_largest(base, vocab, top_k, inv_temp, BLOCK_V)
+        if kth_known:
+            lower = kth
+        else:
+            lower = kth_largest(base, vocab, top_k, inv_temp, BLOCK_V)
     if min_p > 0:
         lower = tl.maximum(lower, x_max + tl.log(min_p))
     nucleus = top_p < 1.0
@@ -177,7 +146,6 @@ def _load_params(params_ptr, num_rows, row):
     return temperature, top_k, top_p, min_p, key
 
 
-# NOTE: the row and chunk counts are run-time arguments, never constexprs (greedy_sample.py says why).
 @triton.jit(do_not_specialize=["num_rows", "num_chunks"])
 def _race_kernel(
     logits_ptr,  # [S, V]
@@ -185,16 +153,19 @@ def _race_kernel(
     work_ptr,  # fp32: [7, S, C] partials, then [4, S] row state
     counter_ptr,  # [>= S] int32, zero between calls
     packed_ptr,  # [2, S] int64
+    kth_ptr,  # [S] fp32 from step 0 (read when HAS_KTH)
     num_rows,
     num_chunks,  # C
     vocab,
     stride_row,
     BLOCK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    HAS_KTH: tl.constexpr,  # step 0 ran before
     PDL: tl.constexpr,
 ):
-    """Step 1 and the race over every token, chunk c of row s in program (s, c); the last program of a
-    row merges the chunks, writes the token of a row that needs nothing more and the row's state."""
+    """Step 1 and the race over every token (over x >= the k-th largest for rows step 0 took), chunk c of
+    row s in program (s, c); the last program of a row merges the chunks, writes the token of a row that
+    needs nothing more and the row's state."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)  # the logits come from the kernel before; nothing here is a weight
     row = tl.program_id(0)
@@ -203,6 +174,12 @@ def _race_kernel(
     sampled = temperature > 0
     inv_temp = 1.0 / tl.where(sampled, temperature, 1.0)
     base = logits_ptr + row.to(tl.int64) * stride_row
+    lower = tl.full([], float("-inf"), tl.float32)  # the kept set's bound from step 0 (inclusive)
+    kth_known = False
+    if HAS_KTH:
+        kth_known = takes_top_k(temperature, top_k, vocab)
+        if kth_known:
+            lower = tl.load(kth_ptr + row)
     cols = tl.arange(0, BLOCK_V)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK_V], 2**31 - 1, tl.int32)
@@ -217,10 +194,11 @@ def _race_kernel(
         raw = tl.load(base + idx, mask=valid, other=float("-inf")).to(tl.float32)
         best, best_idx, bad = fold_argmax(raw, idx, valid, best, best_idx, bad)
         x = raw * inv_temp
+        x = tl.where(x >= lower, x, float("-inf"))  # outside the top k: neither in the softmax nor the race
         m_new = tl.maximum(m_lane, x)
         z_lane = tl.where(m_new == float("-inf"), 0.0, z_lane * tl.exp(m_lane - m_new) + tl.exp(x - m_new))
         m_lane = m_new
-        score = tl.where(valid, _race_score(x, idx, key), float("-inf"))
+        score = tl.where(valid & (x > float("-inf")), _race_score(x, idx, key), float("-inf"))
         better = score > race
         race = tl.where(better, score, race)
         race_idx = tl.where(better, idx, race_idx)
@@ -259,12 +237,12 @@ def _race_kernel(
         if sampled:
             _, token = first_argmax(races, race_idxs)
             x_won = tl.load(base + token).to(tl.float32) * inv_temp
-            if (top_k > 0) & (top_p < 1.0):
+            if (top_k > 0) & (top_p < 1.0) & (not kth_known):
                 state = ALONE  # the nucleus needs the top-k set's mass
             elif (min_p > 0) & (x_won < x_max + tl.log(min_p)):
                 state = ALONE  # the winner is below the min-p floor: race again above it
-            elif (top_k > 0) | (top_p < 1.0):
-                state = CHECK
+            elif ((top_k > 0) & (not kth_known)) | (top_p < 1.0):
+                state = CHECK  # (z is the top-k set's when kth_known: the nucleus is relative to it)
         token = tl.where(finite, token, 0)
         state = tl.where(finite, state, DONE)
         rows = work_ptr + 7 * plane + row
@@ -284,12 +262,14 @@ def _check_kernel(
     work_ptr,  # fp32: [2, S, C] partials (over the race kernel's), then its [4, S] row state
     counter_ptr,  # [>= S] int32, zero between calls
     packed_ptr,  # [2, S] int64
+    kth_ptr,  # [S] fp32 from step 0 (read when HAS_KTH)
     num_rows,
     num_chunks,
     vocab,
     stride_row,
     BLOCK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    HAS_KTH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Whether each row's race winner w lies in the kept set: the count and the mass of the tokens above
@@ -334,7 +314,13 @@ def _check_kernel(
             above = x_won
             tl.atomic_xchg(counter_ptr + row, 0)
     if alone:
-        token = _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, BLOCK_V)
+        kth = tl.full([], float("-inf"), tl.float32)
+        kth_known = False
+        if HAS_KTH:
+            kth_known = takes_top_k(temperature, top_k, vocab)
+            if kth_known:
+                kth = tl.load(kth_ptr + row)
+        token = _sample_row(base, vocab, inv_temp, top_k, top_p, min_p, key, x_max, above, kth, kth_known, BLOCK_V)
         tl.store(packed_ptr + row, token.to(tl.int64))
 
 
@@ -347,10 +333,21 @@ def pack_params(
     return torch.tensor([temperature, top_k, top_p, min_p, keys], dtype=torch.float64, pin_memory=pin)
 
 
-def random_sample(logits: torch.Tensor, params: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
+def selects_top_k(params: torch.Tensor) -> bool:
+    """Whether a row of these [5, S] params has top-k (and samples): step 0 runs for it. A host
+    tensor's answer is free, a device tensor's waits for it."""
+    temperature, top_k = params[0], params[1]
+    return bool(((temperature > 0) & (top_k > 0)).any())
+
+
+def random_sample(
+    logits: torch.Tensor, params: torch.Tensor, *, chunks: int | None = None, select_top_k: bool | None = None
+) -> torch.Tensor:
     """[S, V] logits and [5, S] params (pack_params, on logits' device) -> [2, S] int64 (token, finite).
 
-    chunks overrides the programs per row (tests)."""
+    chunks overrides the programs per row (tests). select_top_k: whether to run step 0 first
+    (selects_top_k of the params; None asks the params here, which waits for the device; False
+    leaves top-k to the check and the single-program path, as before step 0 existed)."""
     check_device(_race_kernel, "logits and params", logits, params)
     check_logits(logits)
     num_rows, vocab = logits.shape
@@ -361,10 +358,13 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor, *, chunks: int | N
     if num_rows == 0:
         return packed
     chunks = row_chunks(num_rows, vocab, logits.device, chunks)
+    if select_top_k is None:
+        select_top_k = selects_top_k(params)
     work = torch.empty(7 * num_rows * chunks + 4 * num_rows, dtype=torch.float32, device=logits.device)
-    args = (logits, params, work, ticket_counters(num_rows, logits.device), packed, num_rows, chunks, vocab,
-            logits.stride(0))  # fmt: skip
-    tiles = dict(BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+    counters = ticket_counters(num_rows, logits.device)
+    kth = top_k_thresholds_on(logits, params, chunks, counters) if select_top_k else work
+    args = (logits, params, work, counters, packed, kth, num_rows, chunks, vocab, logits.stride(0))
+    tiles = dict(BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, HAS_KTH=select_top_k, num_warps=NUM_WARPS)
     _race_kernel[(num_rows, chunks)](*args, **tiles, **pdl_options(logits.device))
     _check_kernel[(num_rows, chunks)](*args, **tiles, **pdl_options(logits.device))
     return packed

@@ -19,6 +19,7 @@ from engine.sampler import Sampler, sampling_key
 from engine.sampling_params import SamplingParams
 from kernels.random_sample import pack_params, random_sample
 from kernels.random_sample_ref import filter_top_k_top_p_min_p, mix32, random_sample_ref, uniform_from_keys
+from kernels.top_k_select import top_k_thresholds
 
 # (temperature, top_k, top_p, min_p): each filter alone, all together, greedy and plain temperature
 CONFIGS = [
@@ -65,8 +66,14 @@ def _assert_same_or_near_tie(got: list[int], want: list[int], scores: torch.Tens
             assert math.isclose(best, other, rel_tol=1e-5), f"row {row}: {g} (score {other}), reference {w} ({best})"
 
 
+# select_top_k: None runs step 0 (the chunked radix select) for the top-k rows; False leaves top-k to the
+# check kernel and the single-program path, which rows without step 0 still take
+STEP_0 = pytest.mark.parametrize("select_top_k", [None, False], ids=["step0", "no_step0"])
+
+
+@STEP_0
 @pytest.mark.parametrize("vocab", [1000, 4096 + 37])
-def test_kernel_picks_the_reference_token(vocab, device):
+def test_kernel_picks_the_reference_token(vocab, select_top_k, device):
     gen = torch.Generator().manual_seed(vocab)
     configs = CONFIGS * 3
     seeds = torch.randint(0, 2**40, (len(configs),), generator=gen).tolist()
@@ -74,7 +81,8 @@ def test_kernel_picks_the_reference_token(vocab, device):
     # a peaked, model-like distribution: a few likely tokens over a long tail, in steps of 1/64
     logits = (torch.randn(len(configs), vocab, generator=gen) * 2).mul(64).round().div(64)
     logits[:, :5] += 6
-    out = random_sample(logits.to(device), _params(configs, seeds, positions, device)).cpu()
+    params = _params(configs, seeds, positions, device)
+    out = random_sample(logits.to(device), params, select_top_k=select_top_k).cpu()
     want, scores = _reference(logits, configs, seeds, positions)
     _assert_same_or_near_tie(out[0].tolist(), want, scores)
     assert out[1].tolist() == [1] * len(configs)
@@ -94,27 +102,31 @@ def test_nucleus_rounds_reach_tokens_far_below_the_first_winner(device):
     assert len(set(want)) > 3  # the seeds spread over the nucleus, not one token
 
 
-def test_top_k_takes_the_kth_value_across_signs_and_magnitudes(device):
+@STEP_0
+def test_top_k_takes_the_kth_value_across_signs_and_magnitudes(select_top_k, device):
     """Radix select over floats of both signs: with top_k = k and a flat temperature-1 race, every
     chosen token must be among the k largest, and the k-th largest itself must be reachable."""
     vocab, k = 3000, 17
     gen = torch.Generator().manual_seed(3)
     logits = (torch.randn(1, vocab, generator=gen) * 1e3).repeat(64, 1)  # no ties, wide range of exponents
     configs = [(1e6, k, 1.0, 0.0)] * 64  # a huge temperature: nearly uniform over the top-k set
-    out = random_sample(logits.to(device), _params(configs, list(range(64)), [0] * 64, device)).cpu()
+    params = _params(configs, list(range(64)), [0] * 64, device)
+    out = random_sample(logits.to(device), params, select_top_k=select_top_k).cpu()
     top = set(logits[0].topk(k).indices.tolist())
     assert set(out[0].tolist()) <= top
     assert len(set(out[0].tolist())) > k // 2
 
 
+@STEP_0
 @pytest.mark.parametrize("chunks", [1, 3])
-def test_top_k_never_takes_the_next_token(chunks, device):
+def test_top_k_never_takes_the_next_token(chunks, select_top_k, device):
     """Four likely tokens and top_k = 3: the race's first winner is often the 4th, which must be refused
     (in the chunked check, and in the single-program path with top-p)."""
     logits = torch.full((48, 4500), -20.0)
     logits[:, [7, 300, 2901, 4499]] = torch.tensor([2.0, 1.9, 1.8, 1.7])
     configs = [(1.0, 3, 1.0, 0.0)] * 24 + [(1.0, 3, 0.999, 0.0)] * 24
-    out = random_sample(logits.to(device), _params(configs, list(range(48)), [5] * 48, device), chunks=chunks).cpu()
+    params = _params(configs, list(range(48)), [5] * 48, device)
+    out = random_sample(logits.to(device), params, chunks=chunks, select_top_k=select_top_k).cpu()
     assert set(out[0].tolist()) == {7, 300, 2901}
     want, scores = _reference(logits, configs, list(range(48)), [5] * 48)
     _assert_same_or_near_tie(out[0].tolist(), want, scores)
@@ -189,3 +201,24 @@ def test_references_agree_with_the_engine_sampler():
     assert tokens.tolist() == _reference(logits, CONFIGS, seeds, positions)[0]
     params = _params(CONFIGS, seeds, positions, torch.device("cpu"))
     assert random_sample_ref(logits, params)[0].tolist() == tokens.tolist()
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_step_0_finds_the_kth_largest_value(chunks, device):
+    """The chunked radix select against torch.topk: both signs, wide magnitudes, ties at the k-th value,
+    k = 1 and k = V - 1, a temperature's scaling; rows without top-k (or greedy) are not taken."""
+    vocab = 4500
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(8, vocab, generator=gen) * torch.logspace(-3, 3, 8)[:, None]
+    logits[3] = (logits[3] * 4).round() / 4  # many ties, the k-th value among them
+    logits[4, :100] = 7.5  # 100 tokens tied at the top, k inside the run
+    configs = [(1.0, 1, 1.0, 0.0), (0.7, 17, 1.0, 0.0), (1.3, 64, 0.9, 0.0), (1.0, 500, 1.0, 0.0),
+               (1.0, 40, 1.0, 0.0), (2.0, vocab - 1, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (0.0, 5, 1.0, 0.0)]  # fmt: skip
+    params = _params(configs, list(range(8)), [0] * 8, device)
+    got = top_k_thresholds(logits.to(device), params, chunks=chunks).cpu()
+    for row, (temperature, k, _, _) in enumerate(configs):
+        if temperature == 0 or k == 0:
+            assert math.isnan(got[row])
+            continue
+        x = logits[row] * (1.0 / torch.tensor(temperature, dtype=torch.float32))
+        torch.testing.assert_close(got[row], x.topk(k).values[-1], rtol=1e-6, atol=0)
