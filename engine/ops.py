@@ -216,10 +216,11 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     for CUDA) -> [2, S] int64 on logits' device: (token per row, 1 if the row is all finite else 0)."""
     if use_triton(logits):
         from kernels.random_sample import random_sample as kernel
-        from kernels.random_sample import selects_top_k
+        from kernels.random_sample import wants_step_0
 
-        # the host params say whether any row needs the top-k kernel, without waiting for the device
-        return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=selects_top_k(params))
+        # the host params say whether to run step 0 (top-k's radix select) without waiting for the device
+        step_0 = wants_step_0(params, logits.shape[1], logits.device)
+        return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=step_0)
     return random_sample_ref(logits, params)  # reads params on the host, where they already are
 
 

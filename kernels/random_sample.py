@@ -18,7 +18,8 @@ in K, it is K's winner; if it does not, no token at or below x_w does either.
 
 Kernels: grid (S, C), each program one strided share of a row, the last of a row (a ticket
 from an atomic counter, greedy_sample's pattern) merging the shares:
-    0. only when a row has top-k: kernels/top_k_select.py's `_radix_pass_kernel` four times, the k-th
+    0. only when a row has top-k and top-p (selects_top_k) and a row has more than one program:
+       kernels/top_k_select.py's `_radix_pass_kernel` four times, the k-th
        largest x (8-bit digits; each pass's histograms counted over the shares, the digit picked by
        the last program). The race and the softmax of such a row then run over x >= that value only,
        so top-k never refuses a winner, and top-k with top-p needs no single-program path.
@@ -334,10 +335,18 @@ def pack_params(
 
 
 def selects_top_k(params: torch.Tensor) -> bool:
-    """Whether a row of these [5, S] params has top-k (and samples): step 0 runs for it. A host
-    tensor's answer is free, a device tensor's waits for it."""
-    temperature, top_k = params[0], params[1]
-    return bool(((temperature > 0) & (top_k > 0)).any())
+    """Whether step 0 pays for these [5, S] params: a sampled row with top-k and top-p (which without it
+    always takes the single-program path). Top-k alone keeps the check: on an H100 step 0's four launches
+    cost ~0.2 ms of host a call, more than a peaked distribution's rare refusal (bench/results/h100/
+    sampling_session12/README.md). A host tensor's answer is free, a device tensor's waits for it."""
+    temperature, top_k, top_p = params[0], params[1], params[2]
+    return bool(((temperature > 0) & (top_k > 0) & (top_p < 1.0)).any())
+
+
+def wants_step_0(params: torch.Tensor, vocab: int, device: torch.device) -> bool:
+    """select_top_k's default for [5, S] host params: selects_top_k, and more than one program a row
+    (with one, step 0 reads the row four times as the single-program path would)."""
+    return row_chunks(params.shape[1], vocab, device, None) > 1 and selects_top_k(params)
 
 
 def random_sample(
@@ -345,9 +354,9 @@ def random_sample(
 ) -> torch.Tensor:
     """[S, V] logits and [5, S] params (pack_params, on logits' device) -> [2, S] int64 (token, finite).
 
-    chunks overrides the programs per row (tests). select_top_k: whether to run step 0 first
-    (selects_top_k of the params; None asks the params here, which waits for the device; False
-    leaves top-k to the check and the single-program path, as before step 0 existed)."""
+    chunks overrides the programs per row (tests). select_top_k: whether to run step 0 first (None:
+    wants_step_0's rule, asking the params here, which waits for the device if they live there;
+    False leaves top-k to the check and the single-program path)."""
     check_device(_race_kernel, "logits and params", logits, params)
     check_logits(logits)
     num_rows, vocab = logits.shape
@@ -359,7 +368,7 @@ def random_sample(
         return packed
     chunks = row_chunks(num_rows, vocab, logits.device, chunks)
     if select_top_k is None:
-        select_top_k = selects_top_k(params)
+        select_top_k = chunks > 1 and selects_top_k(params)
     work = torch.empty(7 * num_rows * chunks + 4 * num_rows, dtype=torch.float32, device=logits.device)
     counters = ticket_counters(num_rows, logits.device)
     kth = top_k_thresholds_on(logits, params, chunks, counters) if select_top_k else work

@@ -66,9 +66,9 @@ def _assert_same_or_near_tie(got: list[int], want: list[int], scores: torch.Tens
             assert math.isclose(best, other, rel_tol=1e-5), f"row {row}: {g} (score {other}), reference {w} ({best})"
 
 
-# select_top_k: None runs step 0 (the chunked radix select) for the top-k rows; False leaves top-k to the
-# check kernel and the single-program path, which rows without step 0 still take
-STEP_0 = pytest.mark.parametrize("select_top_k", [None, False], ids=["step0", "no_step0"])
+# select_top_k: True runs step 0 (the chunked radix select) for the top-k rows; False leaves top-k to the
+# check kernel and the single-program path (the engine's choice between them: wants_step_0)
+STEP_0 = pytest.mark.parametrize("select_top_k", [True, False], ids=["step0", "no_step0"])
 
 
 @STEP_0
