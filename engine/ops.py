@@ -211,15 +211,15 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     return greedy_sample_ref(logits)
 
 
-def random_sample(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+def random_sample(logits: torch.Tensor, params: torch.Tensor, rows_ask_step_0: bool = False) -> torch.Tensor:
     """[S, V] logits, [5, S] float64 params on the host (kernels.random_sample.pack_params; pinned
-    for CUDA) -> [2, S] int64 on logits' device: (token per row, 1 if the row is all finite else 0)."""
+    for CUDA) -> [2, S] int64 on logits' device: (token per row, 1 if the row is all finite else 0).
+    rows_ask_step_0: some row has kernels.random_sample.asks_step_0 (the caller knows from its lists)."""
     if use_triton(logits):
         from kernels.random_sample import random_sample as kernel
         from kernels.random_sample import wants_step_0
 
-        # the host params say whether to run step 0 (top-k's radix select) without waiting for the device
-        step_0 = wants_step_0(params, logits.shape[1], logits.device)
+        step_0 = wants_step_0(rows_ask_step_0, logits.shape[0], logits.shape[1], logits.device)
         return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=step_0)
     return random_sample_ref(logits, params)  # reads params on the host, where they already are
 

@@ -23,7 +23,7 @@ import torch
 
 from engine import ops
 from engine.request import Logprob, Request
-from kernels.random_sample import pack_params
+from kernels.random_sample import asks_step_0, pack_params
 from kernels.random_sample_ref import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
     filter_top_k_top_p_min_p,
     host_to_device,
@@ -125,7 +125,8 @@ class Sampler:
             rows = [(p.temperature, p.effective_top_k, p.top_p, p.min_p) for p in (r.sampling_params for r in requests)]
             columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[], [], [], []]
             params = pack_params(*columns, sampling_keys(requests), pin=logits.is_cuda)
-            return ops.random_sample(logits, params)
+            rows_ask = any(asks_step_0(t, k, p) for t, k, p, _ in rows)
+            return ops.random_sample(logits, params, rows_ask_step_0=rows_ask)
         token_ids, bad, _ = self.sample(logits, requests)
         return torch.stack([token_ids, (~bad).to(torch.int64)])
 

@@ -18,7 +18,7 @@ in K, it is K's winner; if it does not, no token at or below x_w does either.
 
 Kernels: grid (S, C), each program one strided share of a row, the last of a row (a ticket
 from an atomic counter, greedy_sample's pattern) merging the shares:
-    0. only when a row has top-k and top-p (selects_top_k) and a row has more than one program:
+    0. only when a row has top-k and top-p (asks_step_0) and a row has more than one program:
        kernels/top_k_select.py's `_radix_pass_kernel` four times, the k-th
        largest x (8-bit digits; each pass's histograms counted over the shares, the digit picked by
        the last program). The race and the softmax of such a row then run over x >= that value only,
@@ -334,19 +334,19 @@ def pack_params(
     return torch.tensor([temperature, top_k, top_p, min_p, keys], dtype=torch.float64, pin_memory=pin)
 
 
-def selects_top_k(params: torch.Tensor) -> bool:
-    """Whether step 0 pays for these [5, S] params: a sampled row with top-k and top-p (which without it
-    always takes the single-program path). Top-k alone keeps the check: on an H100 step 0's four launches
-    cost ~0.2 ms of host a call, more than a peaked distribution's rare refusal (bench/results/h100/
-    sampling_session12/README.md). A host tensor's answer is free, a device tensor's waits for it."""
-    temperature, top_k, top_p = params[0], params[1], params[2]
-    return bool(((temperature > 0) & (top_k > 0) & (top_p < 1.0)).any())
+def asks_step_0(temperature: float, top_k: int, top_p: float) -> bool:
+    """Whether a row's params make step 0 pay: it samples with top-k and top-p (which without step 0
+    always takes the single-program path). Top-k alone keeps the check: on an H100 step 0's four Triton
+    launches cost more host time a call than a peaked distribution's rare refusal (bench/results/h100/
+    sampling_session12/README.md)."""
+    return temperature > 0 and top_k > 0 and top_p < 1.0
 
 
-def wants_step_0(params: torch.Tensor, vocab: int, device: torch.device) -> bool:
-    """select_top_k's default for [5, S] host params: selects_top_k, and more than one program a row
-    (with one, step 0 reads the row four times as the single-program path would)."""
-    return row_chunks(params.shape[1], vocab, device, None) > 1 and selects_top_k(params)
+def wants_step_0(rows_ask: bool, num_rows: int, vocab: int, device: torch.device) -> bool:
+    """select_top_k for a batch where some row asks_step_0 (`rows_ask`): only with more than one program
+    a row (with one, step 0 reads the row four times as the single-program path would). Plain Python:
+    the engine calls it every sampled step."""
+    return rows_ask and row_chunks(num_rows, vocab, device, None) > 1
 
 
 def random_sample(
@@ -368,7 +368,9 @@ def random_sample(
         return packed
     chunks = row_chunks(num_rows, vocab, logits.device, chunks)
     if select_top_k is None:
-        select_top_k = chunks > 1 and selects_top_k(params)
+        host = params.tolist()  # waits for the device if the params live there
+        rows_ask = any(asks_step_0(t, k, p) for t, k, p in zip(host[0], host[1], host[2], strict=True))
+        select_top_k = rows_ask and chunks > 1
     work = torch.empty(7 * num_rows * chunks + 4 * num_rows, dtype=torch.float32, device=logits.device)
     counters = ticket_counters(num_rows, logits.device)
     kth = top_k_thresholds_on(logits, params, chunks, counters) if select_top_k else work

@@ -17,7 +17,8 @@ import torch
 from engine.request import Request
 from engine.sampler import Sampler, sampling_key
 from engine.sampling_params import SamplingParams
-from kernels.random_sample import pack_params, random_sample
+from kernels.greedy_sample import row_chunks
+from kernels.random_sample import asks_step_0, pack_params, random_sample, wants_step_0
 from kernels.random_sample_ref import filter_top_k_top_p_min_p, mix32, random_sample_ref, uniform_from_keys
 from kernels.top_k_select import top_k_thresholds
 
@@ -222,3 +223,15 @@ def test_step_0_finds_the_kth_largest_value(chunks, device):
             continue
         x = logits[row] * (1.0 / torch.tensor(temperature, dtype=torch.float32))
         torch.testing.assert_close(got[row], x.topk(k).values[-1], rtol=1e-6, atol=0)
+
+
+def test_step_0_runs_for_top_k_with_top_p_over_several_programs_a_row(device):
+    """The engine's rule (asks_step_0 per row, wants_step_0 per batch): step 0 only where the single-program
+    path would otherwise run for every such row, and only when a row has more than one program."""
+    assert asks_step_0(0.7, 20, 0.8)
+    assert not asks_step_0(0.7, 50, 1.0)  # top-k alone: the check refuses rarely on peaked rows
+    assert not asks_step_0(0.0, 20, 0.8)  # greedy
+    assert not asks_step_0(0.7, 0, 0.8)  # top-p alone
+    assert wants_step_0(True, 1, 4096 + 37, device) == (row_chunks(1, 4096 + 37, device, None) > 1)
+    assert not wants_step_0(True, 1, 1000, device)  # one tile: one program a row
+    assert not wants_step_0(False, 1, 128256, device)
