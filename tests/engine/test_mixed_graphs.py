@@ -136,10 +136,17 @@ def test_seeded_sampling_through_the_sampling_kernel(tiny_ckpt: Callable[[str], 
     prompts = random_prompts(4, 49152, 5, 20, seed=5)
     params = mixed_sampling_params(max_tokens=8)
     plain = run_staggered(make_engine(model_dir), prompts, params, [0, 0, 1, 2])
-    kernel_calls = []
+    kernel_calls, step_0_asked = [], []
     real = ops.random_sample
-    monkeypatch.setattr(ops, "random_sample", lambda *args: kernel_calls.append(ops.use_triton(args[0])) or real(*args))
+
+    def spy(logits, params, rows_ask_step_0=False):
+        kernel_calls.append(ops.use_triton(logits))
+        step_0_asked.append(rows_ask_step_0)
+        return real(logits, params, rows_ask_step_0)
+
+    monkeypatch.setattr(ops, "random_sample", spy)
     engine = make_engine(model_dir, kernels="triton")
     assert run_staggered(engine, prompts, params, [0, 0, 1, 2]) == plain
     assert len(kernel_calls) >= 8 and all(kernel_calls)
+    assert any(step_0_asked)  # the top-k + top-p row's steps took the radix select (step 0)
     assert len({t for tokens in plain.values() for t in tokens}) > 16  # sampled, not one repeated token
