@@ -43,29 +43,43 @@ def _from_ordered(key):
 
 
 @triton.jit
+def _digit_counts(base, first, vocab, step, inv_temp, prefix, DIGIT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The 256 counts of digit DIGIT (0 = the top 8 bits) of _ordered(x) over the tiles of BLOCK_V tokens at
+    first, first + step, ... below vocab, among the values whose higher digits are `prefix`."""
+    shift: tl.constexpr = 24 - 8 * DIGIT
+    cols = tl.arange(0, BLOCK_V)
+    counts = tl.zeros([256], tl.int32)
+    for start in range(first, vocab, step):
+        idx = start + cols
+        x = tl.load(base + idx, mask=idx < vocab, other=0.0).to(tl.float32) * inv_temp
+        key = _ordered(x)
+        if DIGIT == 0:
+            match = idx < vocab
+        else:
+            match = (idx < vocab) & ((key >> (shift + 8)) == prefix)
+        counts += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+    return counts
+
+
+@triton.jit
+def _pick_digit(counts, prefix, remaining):
+    """The digit holding the `remaining`-th largest value (counting from the top), appended to `prefix`,
+    and the rank left inside it."""
+    bins = tl.arange(0, 256)
+    at_or_above = tl.sum(counts) - tl.cumsum(counts, axis=0) + counts  # values whose digit is >= b
+    b = tl.max(tl.where(at_or_above >= remaining, bins, 0))
+    remaining -= tl.sum(tl.where(bins > b, counts, 0))
+    return (prefix << 8) | b.to(tl.uint32), remaining
+
+
+@triton.jit
 def kth_largest(base, vocab, k, inv_temp, BLOCK_V: tl.constexpr):
     """The k-th largest of x = logits * inv_temp over the row (k >= 1), by radix select on _ordered(x)."""
-    cols = tl.arange(0, BLOCK_V)
-    bins = tl.arange(0, 256)
     prefix = tl.zeros([], tl.uint32)
     remaining = k
     for digit in tl.static_range(4):
-        shift = 24 - 8 * digit
-        counts = tl.zeros([256], tl.int32)
-        for start in range(0, vocab, BLOCK_V):
-            idx = start + cols
-            x = tl.load(base + idx, mask=idx < vocab, other=0.0).to(tl.float32) * inv_temp
-            key = _ordered(x)
-            if digit == 0:
-                match = idx < vocab
-            else:
-                match = (idx < vocab) & ((key >> (shift + 8)) == prefix)
-            counts += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
-        # bins from the top: at_or_above[b] = tokens of this prefix whose digit is >= b
-        at_or_above = tl.sum(counts) - tl.cumsum(counts, axis=0) + counts
-        b = tl.max(tl.where(at_or_above >= remaining, bins, 0))
-        remaining -= tl.sum(tl.where(bins > b, counts, 0))
-        prefix = (prefix << 8) | b.to(tl.uint32)
+        counts = _digit_counts(base, 0, vocab, BLOCK_V, inv_temp, prefix, digit, BLOCK_V)
+        prefix, remaining = _pick_digit(counts, prefix, remaining)
     return _from_ordered(prefix)
 
 
@@ -104,7 +118,6 @@ def _radix_pass_kernel(
     if not takes_top_k(temperature, top_k, vocab):
         return  # every program of such a row returns: none takes a ticket
     inv_temp = 1.0 / temperature
-    shift: tl.constexpr = 24 - 8 * DIGIT
     if DIGIT == 0:
         prefix = tl.zeros([], tl.uint32)
         remaining = top_k
@@ -112,18 +125,8 @@ def _radix_pass_kernel(
         prefix = tl.load(select_ptr + row).to(tl.uint32)
         remaining = tl.load(select_ptr + num_rows + row).to(tl.int32)
     base = logits_ptr + row.to(tl.int64) * stride_row
-    cols = tl.arange(0, BLOCK_V)
+    counts = _digit_counts(base, chunk * BLOCK_V, vocab, num_chunks * BLOCK_V, inv_temp, prefix, DIGIT, BLOCK_V)
     bins = tl.arange(0, 256)
-    counts = tl.zeros([256], tl.int32)
-    for start in range(chunk * BLOCK_V, vocab, num_chunks * BLOCK_V):
-        idx = start + cols
-        x = tl.load(base + idx, mask=idx < vocab, other=0.0).to(tl.float32) * inv_temp
-        ordered = _ordered(x)
-        if DIGIT == 0:
-            match = idx < vocab
-        else:
-            match = (idx < vocab) & ((ordered >> (shift + 8)) == prefix)
-        counts += tl.histogram(((ordered >> shift) & 255).to(tl.int32), 256, mask=match)
     part = (row * num_chunks + chunk).to(tl.int64) * 256
     tl.store(hist_ptr + part + bins, counts)
     tl.debug_barrier()  # every thread's stores before the ticket (which releases them)
@@ -135,11 +138,7 @@ def _radix_pass_kernel(
             parts = (row * num_chunks + first + c).to(tl.int64) * 256
             total += tl.sum(tl.load(hist_ptr + parts[:, None] + bins[None, :], mask=(first + c < num_chunks)[:, None],
                                     other=0, cache_modifier=".cg"), axis=0)  # fmt: skip
-        # bins from the top: at_or_above[b] = tokens of this prefix whose digit is >= b
-        at_or_above = tl.sum(total) - tl.cumsum(total, axis=0) + total
-        b = tl.max(tl.where(at_or_above >= remaining, bins, 0))
-        remaining -= tl.sum(tl.where(bins > b, total, 0))
-        prefix = (prefix << 8) | b.to(tl.uint32)
+        prefix, remaining = _pick_digit(total, prefix, remaining)
         if DIGIT == 3:
             tl.store(kth_ptr + row, _from_ordered(prefix))
         else:
