@@ -215,6 +215,19 @@ def header(results: dict, title: str) -> list[str]:
     ]
 
 
+def kernel_bench_device(dry_run: bool) -> torch.device:
+    """Where a benchmark of the Triton kernels runs: a dry run on the CPU interpreter (set up here, so call
+    this before anything imports triton), else CUDA, which it then needs."""
+    if dry_run:
+        from kernels.interpreter import use_cpu_interpreter
+
+        use_cpu_interpreter()
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run for the CPU interpreter")
+    return torch.device("cuda")
+
+
 def run_model_benchmark(tag: str, stem: str, args, measure_model, markdown) -> dict:
     """The shared driver of the engine benchmarks: environment and ceilings, then each model of
     `args.models`, writing JSON + markdown after every model so a later failure keeps the earlier figures.

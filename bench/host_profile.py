@@ -104,18 +104,10 @@ def markdown(results: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    from bench.engine_common import environment, write_results
+    from bench.engine_common import environment, kernel_bench_device, write_results
 
     args = _parse_args(argv)
-    if args.dry_run:
-        from kernels.interpreter import use_cpu_interpreter
-
-        use_cpu_interpreter()
-    import torch
-
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run")
-    device = torch.device("cpu" if args.dry_run else "cuda")
+    device = kernel_bench_device(args.dry_run)
     results: dict = {"meta": environment(device), "models": {}}
     for name in [m for m in args.models.split(",") if m]:
         results["models"][name] = profile_model(name, device, args.dry_run, args.num_seqs)

@@ -55,22 +55,17 @@ def _wall_us(fn, calls: int) -> float:
 
 def main(argv=None) -> dict:
     args = _parse_args(argv)
-    if args.dry_run:
-        from kernels.interpreter import use_cpu_interpreter
+    from bench.engine_common import environment, kernel_bench_device
 
-        use_cpu_interpreter()
+    device = kernel_bench_device(args.dry_run)  # before triton is imported
     import torch
     import triton
 
-    from bench.engine_common import environment
     from engine import ops
     from engine.request import Request
     from engine.sampler import Sampler
     from engine.sampling_params import SamplingParams
 
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run on a GPU, or pass --dry-run")
-    device = torch.device("cpu" if args.dry_run else "cuda")
     vocab, rows_list, calls = (5000, (1, 3), 2) if args.dry_run else (128256, ROWS, args.calls)
     sampler = Sampler()
     results: dict = {"meta": {**environment(device), "vocab": vocab}, "rows": []}
