@@ -119,12 +119,14 @@ class ModelRunner:
     def _warm_up(self, max_num_batched_tokens: int, max_num_seqs: int) -> None:
         """One forward at the largest step, over a throwaway pool, so the peak is known."""
         num_tokens = max_num_batched_tokens
-        num_blocks = num_blocks_for_tokens(num_tokens, self.block_size) + 1
-        scratch = allocate_kv_cache(self.spec, num_blocks, self.device)
-        caches = list(scratch.unbind(0))
         num_seqs = min(max_num_seqs, num_tokens)
         lens = [num_tokens // num_seqs] * num_seqs
         lens[-1] += num_tokens - sum(lens)
+        # NOTE: counted per sequence: with blocks longer than a sequence, num_tokens / block_size
+        # blocks are too few (each sequence starts a block of its own)
+        num_blocks = sum(-(-n // self.block_size) for n in lens) + 1
+        scratch = allocate_kv_cache(self.spec, num_blocks, self.device)
+        caches = list(scratch.unbind(0))
         meta, positions = self._prefill_metadata(lens)
         input_ids = torch.randint(0, 100, (num_tokens,), device=self.device)
         hidden = self.model(input_ids, positions, caches, meta)
@@ -132,7 +134,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[last])
         torch.softmax(logits, dim=-1).sort(dim=-1)
         del scratch, caches, hidden, logits
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _prefill_metadata(self, lens: list[int]) -> tuple[AttentionMetadata, torch.Tensor]:
         """Metadata for fresh sequences laid out one after another in the pool (warm-up only)."""
