@@ -18,8 +18,9 @@ from bench.kernel_timing import Bench, gbps, tflops
 from kernels.decode_attention import choose_num_splits, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first two are the launcher's defaults for
-# D = 128 (queries below 4k, and from 4k)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), or a dict of paged_prefill_attention's `tiles`; the
+# first two are the launcher's defaults for D = 128 (queries below 4k, and from 4k)
+PREFILL_POINTER_TILE = dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4, USE_TMA=False)
 PREFILL_TILES = [(128, 32, 4, 4), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 8, 4),
                  (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3)]  # fmt: skip
 # (BLOCK_N, num_warps, num_stages); the first is the default
@@ -29,20 +30,21 @@ PROGRAMS_PER_SM = (1, 2, 4, 8)
 
 def sweep_prefill(bench: Bench, seq_lens, total_tokens: int = 16384, num_heads: int = 32, num_kv_heads: int = 8,
                   head_dim: int = 128, dtype: torch.dtype = torch.bfloat16,
-                  tile_list=PREFILL_TILES) -> list[dict]:  # fmt: skip
+                  tile_list=PREFILL_TILES, block_size: int = 16) -> list[dict]:  # fmt: skip
     rows = []
     scale = 1.0 / math.sqrt(head_dim)
     for seq_len in seq_lens:
         batch = total_tokens // seq_len
         q = torch.randn(batch * seq_len, num_heads, head_dim, device=bench.device).to(dtype)
         k = torch.randn(batch, seq_len, num_kv_heads, head_dim, device=bench.device).to(dtype)
-        kv_cache, block_tables = paged_pool(k, torch.randn_like(k), 16)
+        kv_cache, block_tables = paged_pool(k, torch.randn_like(k), block_size)
         seq_lens_t = torch.full((batch,), seq_len, dtype=torch.int32, device=bench.device)
         query_start_loc = torch.arange(0, batch * seq_len + 1, seq_len, dtype=torch.int32, device=bench.device)
         inputs = [(q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, query_start_loc, seq_len, scale)]
-        expected = paged_prefill_attention(*inputs[0])
-        for block_m, block_n, warps, stages in tile_list:
-            tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+        expected = paged_prefill_attention(*inputs[0], tiles=dict(PREFILL_POINTER_TILE))  # pointer gathers
+        for entry in tile_list:
+            tiles = entry if isinstance(entry, dict) else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+                                                                     entry, strict=True))  # fmt: skip
             row = {"S": seq_len, **tiles}
             try:
                 ms = bench.time_ms(lambda *a, tiles=tiles: paged_prefill_attention(*a, tiles=tiles), inputs)
