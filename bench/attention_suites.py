@@ -17,8 +17,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.kernel_math import decode_kv_bytes, prefill_flops
 from bench.kernel_timing import Bench, gbps, tflops
+from engine.config import CacheConfig
 from kernels.decode_attention import DEFAULT_MERGE, MERGES, choose_num_splits, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
+
+# The engine's block size unless a run asks for another (bench.kernels --block-size): the kernels
+# choose tiles and load paths from it.
+POOL_BLOCK_SIZE = CacheConfig.block_size
 
 
 def paged_pool(k: torch.Tensor, v: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +72,7 @@ def _time_sdpa(
 
 
 def prefill_suite(bench: Bench, seq_lens, total_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                  block_size: int = 16, dtype: torch.dtype = torch.bfloat16) -> list[dict]:  # fmt: skip
+                  block_size: int = POOL_BLOCK_SIZE, dtype: torch.dtype = torch.bfloat16) -> list[dict]:  # fmt: skip
     """Causal prefill of total_tokens split into B = total_tokens // S sequences of length S, no cached prefix."""
     rows = []
     scale = 1.0 / math.sqrt(head_dim)
@@ -102,7 +107,8 @@ def prefill_suite(bench: Bench, seq_lens, total_tokens: int, num_heads: int, num
     return rows
 
 
-def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int = 16,
+def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_dim: int,
+                 block_size: int = POOL_BLOCK_SIZE,
                  dtype: torch.dtype = torch.bfloat16) -> list[dict]:  # fmt: skip
     """One query per sequence over a context of L tokens, for each (B, L)."""
     rows = []

@@ -35,6 +35,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"), help="output folder ($OUT)")
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated subset of {SUITES}")
     parser.add_argument("--sweep", action="store_true", help="also sweep the attention kernels' tile sizes and splits")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per block of the attention suites' paged pool (default: the engine's)",
+    )
     return parser.parse_args(argv)
 
 
@@ -82,8 +88,10 @@ def _markdown(results: dict) -> str:
         f"- large reduction: {ceil['read_gbps']:.0f} GB/s (bytes read)",
         f"- bf16 matmul {ceil['matmul_n']}^3: {ceil['matmul_tflops']:.0f} TFLOP/s",
     ]
+    block = results["meta"].get("pool_block_size", 16)
     if "prefill" in results:
-        parts += ["", "## Prefill attention (causal, paged K/V, TFLOP/s)", "", _table(results["prefill"], [
+        parts += ["", f"## Prefill attention (causal, paged K/V in blocks of {block} tokens, TFLOP/s)", "",
+                  _table(results["prefill"], [
             ("S", "S", ""), ("B", "B", ""), ("inferq_tflops", "inferq", ".0f"),
             ("sdpa_flash_tflops", "SDPA flash", ".0f"), ("sdpa_cudnn_tflops", "SDPA cuDNN", ".0f"),
             ("sdpa_math_tflops", "SDPA math", ".3f"),
@@ -91,7 +99,8 @@ def _markdown(results: dict) -> str:
             ("max_abs_diff_vs_sdpa_flash", "max diff", ".1e"), ("max_abs_diff_vs_sdpa_math", "max diff (math)", ".1e"),
         ])]  # fmt: skip
     if "decode" in results:
-        parts += ["", "## Decode attention (paged K/V, GB/s of K+V read)", "", _table(results["decode"], [
+        parts += ["", f"## Decode attention (paged K/V in blocks of {block} tokens, GB/s of K+V read)", "",
+                  _table(results["decode"], [
             ("B", "B", ""), ("L", "L", ""), ("splits", "splits", ""), ("inferq_us", "inferq us", ".1f"),
             ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_read_bw", "of read BW", ".0%"),
             ("other_merge", "other merge", ""), ("other_merge_us", "its us", ".1f"),
@@ -141,23 +150,25 @@ def _write(out: Path, results: dict) -> None:
     (out / "kernels.md").write_text(_markdown(results))
 
 
-def _run_suites(bench, suites: list[str], results: dict, out: Path) -> None:
-    from bench.attention_suites import decode_suite, prefill_suite
+def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: int | None = None) -> None:
+    from bench.attention_suites import POOL_BLOCK_SIZE, decode_suite, prefill_suite
     from bench.small_kernel_suite import small_kernel_suite
 
     tiny = bench.dry_run
+    pool = {"block_size": block_size or POOL_BLOCK_SIZE}
+    results["meta"]["pool_block_size"] = pool["block_size"]
     if "prefill" in suites:
         if tiny:
             results["prefill"] = prefill_suite(bench, (32,), 64, 4, 1, 64)
         else:
-            results["prefill"] = prefill_suite(bench, PREFILL_SEQ_LENS, 16384, 32, 8, 128)
+            results["prefill"] = prefill_suite(bench, PREFILL_SEQ_LENS, 16384, 32, 8, 128, **pool)
         print(f"[bench] prefill {results['prefill']}", flush=True)
         _write(out, results)
     if "decode" in suites:
         if tiny:
             results["decode"] = decode_suite(bench, ((2, 40),), 4, 1, 64)
         else:
-            results["decode"] = decode_suite(bench, DECODE_CASES, 32, 8, 128)
+            results["decode"] = decode_suite(bench, DECODE_CASES, 32, 8, 128, **pool)
         for row in results["decode"]:
             row["inferq_frac_read_bw"] = row["inferq_gbps"] / results["ceilings"]["read_gbps"]
         print(f"[bench] decode {results['decode']}", flush=True)
@@ -223,7 +234,7 @@ def main(argv=None) -> dict:
     results: dict = {"meta": meta, "ceilings": measure_ceilings(bench)}
     print(f"[bench] ceilings {results['ceilings']}", flush=True)
     _write(out, results)
-    _run_suites(bench, suites, results, out)
+    _run_suites(bench, suites, results, out, args.block_size)
     if args.sweep:
         _run_sweeps(bench, results, out)
     _write(out, results)

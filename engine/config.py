@@ -55,7 +55,7 @@ class CacheConfig:
         enable_prefix_caching: reuse full blocks whose token prefix hash matches.
     """
 
-    block_size: int = 16
+    block_size: int = 64
     gpu_memory_utilization: float = 0.9
     num_kv_tokens: int | None = None
     enable_prefix_caching: bool = True

@@ -33,6 +33,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._launch import (
     check_device,
@@ -95,6 +96,8 @@ def _prefill_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [N, B, Hkv, D]
     v_cache_ptr,  # [N, B, Hkv, D]
+    k_desc,  # USE_TMA: TMA descriptor of k_cache seen as [N * B, Hkv * D], block [BLOCK_N, D]; else None
+    v_desc,
     out_ptr,  # [T, Hq, D] contiguous
     block_tables_ptr,  # [S, M]
     seq_lens_ptr,  # [S]
@@ -121,6 +124,7 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,  # unmasked key tiles as TMA boxes (BLOCK_D == HEAD_DIM, PAGE_SIZE % BLOCK_N == 0)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -155,13 +159,18 @@ def _prefill_kernel(
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys [0, unmasked_end) are visible to every row
 
     for start in range(0, unmasked_end, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)
-        pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
-        offsets = kpos % PAGE_SIZE
-        k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
-                          HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
-        v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
-                          HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+        if USE_TMA:  # the tile is one box: BLOCK_N consecutive slots of one block
+            row = tl.load(table + start // PAGE_SIZE) * PAGE_SIZE + start % PAGE_SIZE
+            k = k_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
+            v = v_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
+        else:
+            kpos = start + tl.arange(0, BLOCK_N)
+            pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
+            offsets = kpos % PAGE_SIZE
+            k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
+                              HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+            v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
+                              HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
         acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
 
     for start in range(unmasked_end, last_pos + 1, BLOCK_N):
@@ -182,37 +191,66 @@ def _prefill_kernel(
              mask=row_mask[:, None] & d_mask[None, :])  # fmt: skip
 
 
-TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA")
+TMA_BLOCK_N = 64  # the key tile of the TMA path, which the pool's block size must be a multiple of
 
 
-def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int, tiles: dict | None) -> dict:
-    """Tile sizes, warps and pipeline depth for a head dim, dtype and query length (`tiles` overrides them).
+def tma_fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether K/V tiles can be TMA boxes of the pool seen as [N * B, Hkv * D]: a power-of-two head
+    dim, each pool a contiguous [N * B, Hkv, D] run with 16-byte aligned rows, and a Hopper or later
+    GPU (or the interpreter, for fp16 and fp32 only: Triton 3.6's interpreter misreads bf16 boxes)."""
+    head_dim = q.shape[-1]
+    if interpreting():
+        if q.dtype == torch.bfloat16:
+            return False
+    elif not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    size = q.element_size()
+    return head_dim == triton.next_power_of_2(head_dim) and head_dim * size >= 16 and all(
+        c.stride(2) == head_dim and c.stride(0) == c.shape[1] * c.stride(1) and c.stride(1) * size % 16 == 0
+        and c.data_ptr() % 16 == 0 for c in (k_cache, v_cache))  # fmt: skip
 
-    16-bit, D <= 128: BLOCK_M = 128 query rows; keys in tiles of 32 with 4 warps and 4
-    stages for queries up to 4k, of 128 with 8 warps and 3 stages beyond (H100, bf16,
-    GQA 32/8, D = 128, `python -m bench.kernels --sweep`: 273 / 355 / 382 TFLOP/s at
-    S = 1k / 4k / 16k for the first, 236 / 358 / 404 for the second, 233 / 316 / 360
-    for 64-key tiles). D = 256 and fp32 halve the tiles to fit shared memory.
-    NOTE: the 4-warp, 128-row tile spills: Nsight Compute shows 255 registers a thread and
+
+def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int, page_size: int, tma: bool,
+                 tiles: dict | None) -> dict:  # fmt: skip
+    """Tile sizes, warps, pipeline depth and load path for a head dim, dtype, query length and pool
+    block size (`tma`: tma_fits; `tiles` overrides any of them).
+
+    16-bit, D <= 128, a pool of blocks of 64 tokens or a multiple: 128 query rows, keys in TMA boxes
+    of 64, 4 warps and 3 stages (H100, bf16, GQA 32/8, D = 128: 324 / 400 / 476 / 471 / 513 TFLOP/s
+    at S = 1k / 2k / 4k / 8k / 16k, 1.25-1.50x SDPA flash in the same run; 128-key boxes with 8 warps
+    274-490; bench/results/h100/prefill_trials_session13/tma/). A box must lie inside one block,
+    and two 16-token boxes a tile measured 15-20% below the pointer gathers, so smaller blocks keep
+    those: keys in tiles of 32 with 4 warps and 4 stages for queries up to 4k, of 128 with 8 warps
+    and 3 stages beyond (`python -m bench.kernels --sweep`: 273 / 355 / 382 TFLOP/s at S = 1k / 4k /
+    16k for the first, 236 / 358 / 404 for the second). D = 256 and fp32 halve the tiles to fit
+    shared memory.
+    NOTE: the 4-warp, 128-row pointer tile spills: Nsight Compute shows 255 registers a thread and
     163,840 local-memory spill requests at S = 1k (bench/results/h100/
-    kernels_ncu_session3_first_run.txt), 0.39 instructions issued per scheduler cycle;
-    the 8-warp tiles that do not spill measured slower still at S <= 4k. The
+    kernels_ncu_session3_first_run.txt), 0.39 instructions issued per scheduler cycle. The
     interpreter gets small tiles so that small test shapes still cross tile borders.
     """
     block_d = max(16, triton.next_power_of_2(head_dim))
+    use_tma = False
     if interpreting():
         block_m, block_n, warps, stages = 32, 16, 4, 1
+        use_tma = tma and page_size % block_n == 0
     elif dtype == torch.float32 or block_d > 128:
         block_m, block_n, warps, stages = 64, 32, 8 if block_d > 128 else 4, 2
+    elif tma and page_size % TMA_BLOCK_N == 0:
+        block_m, block_n, warps, stages, use_tma = 128, TMA_BLOCK_N, 4, 3, True
     elif max_query_len < 4096:
         block_m, block_n, warps, stages = 128, 32, 4, 4
     else:
         block_m, block_n, warps, stages = 128, 128, 8, 3
-    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, USE_TMA=use_tma)
     unknown = set(tiles or {}) - set(TILE_KEYS)
     if unknown:
         raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
     config.update(tiles or {})
+    if config["USE_TMA"] and not (tma and page_size % config["BLOCK_N"] == 0):
+        raise ValueError(f"USE_TMA needs tma_fits and a block size ({page_size}) that BLOCK_N "
+                         f"({config['BLOCK_N']}) divides")  # fmt: skip
     config["BLOCK_M"] = max(config["BLOCK_M"], triton.next_power_of_2(group))
     return dict(config, BLOCK_D=block_d, BLOCK_Q=config["BLOCK_M"] // group)
 
@@ -278,16 +316,22 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    config = _tile_config(head_dim, q.dtype, group, max_query_len, tiles)
+    page_size = k_cache.shape[1]
+    config = _tile_config(head_dim, q.dtype, group, max_query_len, page_size, tma_fits(q, k_cache, v_cache), tiles)
     grid = (num_tokens // config["BLOCK_Q"] + num_seqs, num_kv_heads)
+    k_desc = v_desc = None
+    if config["USE_TMA"]:
+        shape, box = [k_cache.shape[0] * page_size, num_kv_heads * head_dim], [config["BLOCK_N"], head_dim]
+        k_desc = TensorDescriptor(k_cache, shape, [k_cache.stride(1), 1], box)
+        v_desc = TensorDescriptor(v_cache, shape, [v_cache.stride(1), 1], box)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        q, k_cache, v_cache, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc,
         num_seqs, scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        HEAD_DIM=head_dim, GROUP=group, PAGE_SIZE=k_cache.shape[1],
+        HEAD_DIM=head_dim, GROUP=group, PAGE_SIZE=page_size,
         DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **config,
     )  # fmt: skip

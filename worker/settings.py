@@ -51,7 +51,7 @@ class WorkerSettings(BaseSettings):
         "default: on for CUDA, off for CPU.",
     )
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + output; default: the checkpoint's.")
-    block_size: int = Field(16, ge=1, description="Tokens per KV block.")
+    block_size: int = Field(64, ge=1, description="Tokens per KV block.")
     num_kv_tokens: int | None = Field(None, ge=1, description="KV pool size in tokens (overrides memory sizing).")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the worker may use.")
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")

@@ -14,7 +14,7 @@ import torch
 
 from kernels._launch import ticket_counters
 from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
-from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from kernels.prefill_attention import _tile_config, paged_prefill_attention, paged_prefill_attention_ref, tma_fits
 
 ON_GPU = torch.cuda.is_available()
 
@@ -48,6 +48,7 @@ PREFILL_CASES = [
     ([9], [20], 8, 1, 256, 16),
     ([11, 4], [5, 0], 14, 2, 64, 32),
     ([2, 6, 1, 3, 9, 1], [0, 3, 40, 0, 17, 2], 4, 1, 64, 16),
+    ([37, 5], [90, 0], 8, 2, 64, 64),
 ]
 if ON_GPU:
     PREFILL_CASES += [
@@ -58,6 +59,12 @@ if ON_GPU:
         ([555, 129], [64, 0], 8, 8, 80, 16),
         ([300, 45], [17, 1000], 32, 32, 96, 32),
         ([257] * 3, [0, 1, 2], 32, 4, 64, 16),
+        # blocks of 64 and 128 tokens: the TMA path (kernels/prefill_attention.py's _tile_config)
+        ([1000, 1, 77, 513], [0, 100, 3000, 0], 32, 8, 128, 64),
+        ([4096], [0], 32, 8, 128, 64),
+        ([100, 3], [8000, 64], 32, 4, 128, 128),
+        ([257] * 3, [0, 1, 2], 32, 4, 64, 64),
+        ([300, 45], [17, 1000], 16, 2, 256, 64),
         ([int(n) for n in torch.randint(1, 300, (64,), generator=torch.Generator().manual_seed(0))],
          [int(n) for n in torch.randint(0, 600, (64,), generator=torch.Generator().manual_seed(1))], 28, 4, 128, 16),
     ]  # fmt: skip
@@ -75,6 +82,24 @@ def test_prefill_attention_matches_reference(case, dtype, tol, paged_batch, pois
     ref = paged_prefill_attention_ref(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
                                       batch.query_start_loc, scale)  # fmt: skip
     torch.testing.assert_close(out, ref, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (64, 64), (80, 16), (128, 8)])
+def test_prefill_attention_takes_tma_where_the_pool_allows(head_dim, block_size, dtype, paged_batch):
+    """The TMA path is taken (so the reference tests above run it) exactly where its boxes fit."""
+    batch = paged_batch([3], [40], 4, 1, head_dim, block_size, dtype)
+    fits = tma_fits(batch.q, batch.k_cache, batch.v_cache)
+    config = _tile_config(head_dim, dtype, 4, 3, block_size, fits, None)
+    pow2_head = head_dim in (64, 128)
+    if ON_GPU:
+        expected = pow2_head and dtype != torch.float32 and block_size % 64 == 0
+    else:  # the interpreter: 16-key tiles; its bf16 boxes are misread (tma_fits)
+        expected = pow2_head and dtype != torch.bfloat16 and block_size % 16 == 0
+    assert config["USE_TMA"] is expected
+    k = batch.k_cache
+    spaced = k.as_strided((k.shape[0] - 1, *k.shape[1:]), (k.stride(0) + 8, *k.stride()[1:]))
+    assert not tma_fits(batch.q, spaced, spaced)  # blocks not back to back: no [N * B, Hkv * D] view
 
 
 def test_prefill_attention_reads_q_through_strides(paged_batch):
