@@ -55,9 +55,12 @@ def _variants() -> list[Variant]:
                   BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)  # fmt: skip
     norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, **pdl)
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
-    # the engine's two 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config)
+    # the engine's 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config): pointer gathers on
+    # 16-token blocks, TMA boxes on 64-token blocks (the default pool)
     prefill = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_Q=32, BLOCK_M=128, PAGE_SIZE=16, DOT_DTYPE=tl.bfloat16,
-                   DOT_PRECISION="tf32")  # fmt: skip
+                   DOT_PRECISION="tf32", USE_TMA=False, k_desc=None, v_desc=None)  # fmt: skip
+    prefill_tma = dict(prefill, PAGE_SIZE=64, BLOCK_N=64, USE_TMA=True)
+    del prefill_tma["k_desc"], prefill_tma["v_desc"]
     return [
         Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, **pdl),
                 {"num_warps": 8, "num_stages": 3, **on}),
@@ -77,6 +80,8 @@ def _variants() -> list[Variant]:
                 "queries < 4k"),
         Variant("prefill_attention", "_prefill_kernel", dict(prefill, BLOCK_N=128), {"num_warps": 8, "num_stages": 3},
                 "queries >= 4k"),
+        Variant("prefill_attention", "_prefill_kernel", prefill_tma, {"num_warps": 4, "num_stages": 3},
+                "64-token blocks, TMA"),
         Variant("top_k_select", "_radix_pass_kernel", dict(BLOCK_V=2048, DIGIT=1, **pdl), {"num_warps": 8, **on}),
         Variant("random_sample", "_race_kernel", dict(BLOCK_C=128, BLOCK_V=2048, HAS_KTH=True, **pdl),
                 {"num_warps": 8, **on}),
@@ -101,6 +106,8 @@ def _signature(fn, constexprs: dict) -> dict:
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
+        elif name.endswith("_desc"):  # prefill attention's K/V boxes (its only TMA descriptors)
+            signature[name] = f"tensordesc<bf16[{constexprs['BLOCK_N']},{constexprs['HEAD_DIM']}]>"
         elif name.endswith("_ptr"):
             signature[name] = POINTER_TYPES.get(name, "*bf16")
         else:
