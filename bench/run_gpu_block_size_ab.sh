@@ -12,12 +12,7 @@ OUT="${OUT:-bench/results/tmp}"
 R="$OUT/ab"
 BASE="${BASE:-build/base}"
 mkdir -p "$R"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export INFERQ_TOKENIZER_DIR="${INFERQ_TOKENIZER_DIR:-$PWD/artifacts/smollm2-tokenizer}"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/inferq-site .whl/*.whl
-    export PYTHONPATH="/tmp/inferq-site"
-fi
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$R/gpu.txt"
 here="$PWD:${PYTHONPATH:-}"

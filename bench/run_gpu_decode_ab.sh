@@ -14,12 +14,7 @@ set -uo pipefail
 OUT="${OUT:-bench/results/tmp}"
 R="$OUT/ab"
 mkdir -p "$R"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export INFERQ_TOKENIZER_DIR="${INFERQ_TOKENIZER_DIR:-$PWD/artifacts/smollm2-tokenizer}"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/inferq-site .whl/*.whl
-    export PYTHONPATH="/tmp/inferq-site"
-fi
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
 
 read -r -a tests <<<"${TEST_PATHS:-tests/kernels/test_rms_norm_gemv.py tests/engine/test_fused_decode_layers.py tests/engine/test_gpu_parity.py}"

@@ -36,7 +36,7 @@ import triton.language as tl
 from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms, ticket_counters
 from kernels._online_softmax import attend_tile
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.prefill_attention import check_paged_kv, load_kv_tile, paged_prefill_attention_ref
+from kernels.prefill_attention import check_paged_kv, gather_kv_tiles, load_kv_tile, paged_prefill_attention_ref
 
 MAX_SPLITS = 64
 MERGES = ("last_split", "kernel")
@@ -107,13 +107,9 @@ def _decode_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
     for tile in range(tile_lo, tl.minimum(tile_hi, full_tiles)):
-        kpos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
-        offsets = kpos % PAGE_SIZE
-        k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
-                         HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
-        v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
-                         HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+        k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, tile * BLOCK_N + tl.arange(0, BLOCK_N), kv_head,
+                               stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
+                               PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
         acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
     for tile in range(tl.maximum(tile_lo, full_tiles), tile_hi):  # the last, partial tile
         kpos = tile * BLOCK_N + tl.arange(0, BLOCK_N)

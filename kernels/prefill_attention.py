@@ -80,6 +80,35 @@ def load_kv_tile(
 
 
 @triton.jit
+def gather_kv_tiles(
+    k_cache_ptr,  # [N, B, Hkv, D]
+    v_cache_ptr,
+    table,  # the sequence's row of the block table
+    kpos,  # [BLOCK_N] key positions, all below the sequence's length
+    kv_head,
+    stride_kn,
+    stride_kb,
+    stride_kh,
+    stride_vn,
+    stride_vb,
+    stride_vh,
+    PAGE_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """(keys, values) [BLOCK_N, BLOCK_D] of one KV head at positions kpos, each row found through the
+    block table: the unmasked tiles of both attention kernels."""
+    pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
+    offsets = kpos % PAGE_SIZE
+    k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
+                     HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+    v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
+                     HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+    return k, v
+
+
+@triton.jit
 def _find_sequence(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
     """Largest s with query_start_loc[s] // BLOCK_Q + s <= tile_id (binary search)."""
     lo: tl.int32 = 0
@@ -167,13 +196,9 @@ def _prefill_kernel(
             k = k_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
             v = v_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
         else:
-            kpos = start + tl.arange(0, BLOCK_N)
-            pages = tl.load(table + kpos // PAGE_SIZE).to(tl.int64)
-            offsets = kpos % PAGE_SIZE
-            k = load_kv_tile(k_cache_ptr, pages, offsets, kv_head, kpos, stride_kn, stride_kb, stride_kh,
-                              HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
-            v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, kpos, stride_vn, stride_vb, stride_vh,
-                              HEAD_DIM, BLOCK_D, False, DOT_DTYPE)  # fmt: skip
+            k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, start + tl.arange(0, BLOCK_N), kv_head,
+                                   stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
+                                   PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
         acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
 
     for start in range(unmasked_end, last_pos + 1, BLOCK_N):
