@@ -22,7 +22,9 @@ rows are gathered through the block table (any block size); tiles wholly below t
 tile's first query position skip the causal mask, the last few apply it. Where a key tile
 fits inside one block (USE_TMA: 16-bit, power-of-two head dim, blocks of 64 tokens or a
 multiple on an H100/H200), the unmasked tiles are loaded as TMA boxes of the pool seen as
-[N * B, Hkv * D] instead: no addresses to compute or hold, 1.16-1.24x the gathers' default tiles. Online
+[N * B, Hkv * D] instead, and so are the diagonal tiles but the one holding the sequence's end:
+no addresses to compute or hold (H100: 1.16-1.24x the gathers' default tiles with the unmasked
+tiles boxed; with the diagonal too, a later call, 1.21-1.31x those gathers' figures). Online
 softmax in fp32 with exp2 and log2(e) folded into the scale; no T x L matrix is
 ever stored. Head dims that are not a power of two are padded with masked lanes.
 NOTE: query_start_loc[0] must be 0 and block_tables must hold a valid block id for
@@ -109,6 +111,15 @@ def gather_kv_tiles(
 
 
 @triton.jit
+def box_kv_tiles(k_desc, v_desc, table, start, kv_head, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 DOT_DTYPE: tl.constexpr):  # fmt: skip
+    """(keys, values) [BLOCK_N, D] of one KV head at positions start.. as TMA boxes: BLOCK_N consecutive
+    slots of one block (PAGE_SIZE % BLOCK_N == 0, start a multiple of BLOCK_N)."""
+    row = tl.load(table + start // PAGE_SIZE) * PAGE_SIZE + start % PAGE_SIZE
+    return k_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE), v_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
+
+
+@triton.jit
 def _find_sequence(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
     """Largest s with query_start_loc[s] // BLOCK_Q + s <= tile_id (binary search)."""
     lo: tl.int32 = 0
@@ -156,7 +167,7 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr,  # unmasked key tiles as TMA boxes (BLOCK_D == HEAD_DIM, PAGE_SIZE % BLOCK_N == 0)
+    USE_TMA: tl.constexpr,  # key tiles as TMA boxes (BLOCK_D == HEAD_DIM, PAGE_SIZE % BLOCK_N == 0)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -191,17 +202,27 @@ def _prefill_kernel(
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys [0, unmasked_end) are visible to every row
 
     for start in range(0, unmasked_end, BLOCK_N):
-        if USE_TMA:  # the tile is one box: BLOCK_N consecutive slots of one block
-            row = tl.load(table + start // PAGE_SIZE) * PAGE_SIZE + start % PAGE_SIZE
-            k = k_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
-            v = v_desc.load([row, kv_head * HEAD_DIM]).to(DOT_DTYPE)
+        if USE_TMA:
+            k, v = box_kv_tiles(k_desc, v_desc, table, start, kv_head, PAGE_SIZE, HEAD_DIM, DOT_DTYPE)
         else:
             k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, start + tl.arange(0, BLOCK_N), kv_head,
                                    stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
                                    PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
         acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
 
-    for start in range(unmasked_end, last_pos + 1, BLOCK_N):
+    gathered_from = unmasked_end
+    if USE_TMA:
+        # diagonal tiles whose keys all exist are boxes too; the one holding the sequence's end
+        # keeps the gathers, which read its keys past seq_len as 0 (a block's unused slots may
+        # hold anything, NaN included)
+        gathered_from = tl.maximum(unmasked_end, tl.minimum(tl.cdiv(last_pos + 1, BLOCK_N) * BLOCK_N,
+                                                            seq_len // BLOCK_N * BLOCK_N))  # fmt: skip
+        for start in range(unmasked_end, gathered_from, BLOCK_N):
+            k, v = box_kv_tiles(k_desc, v_desc, table, start, kv_head, PAGE_SIZE, HEAD_DIM, DOT_DTYPE)
+            visible = (start + tl.arange(0, BLOCK_N))[None, :] <= q_pos[:, None]
+            acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, DOT_DTYPE, DOT_PRECISION)
+
+    for start in range(gathered_from, last_pos + 1, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         in_seq = kpos < seq_len
         pages = tl.load(table + kpos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
@@ -245,9 +266,10 @@ def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: i
     block size (`tma`: tma_fits; `tiles` overrides any of them).
 
     16-bit, D <= 128, a pool of blocks of 64 tokens or a multiple: 128 query rows, keys in TMA boxes
-    of 64, 4 warps and 3 stages (H100, bf16, GQA 32/8, D = 128: 324 / 400 / 476 / 471 / 513 TFLOP/s
-    at S = 1k / 2k / 4k / 8k / 16k, 1.25-1.50x SDPA flash in the same run; 128-key boxes with 8 warps
-    274-490; bench/results/h100/prefill_trials_session13/tma/). A box must lie inside one block,
+    of 64, 4 warps and 3 stages (H100, bf16, GQA 32/8, D = 128: 338 / 423 / 471 / 503 / 518 TFLOP/s
+    at S = 1k / 2k / 4k / 8k / 16k, 1.27-1.50x SDPA flash in the same run, bench/results/h100/
+    block_size_64_session13/diagonal_boxes/; 2 or 4 stages within ~5%, 128-key boxes with 8 warps
+    274-490, bench/results/h100/prefill_trials_session13/tma/). A box must lie inside one block,
     and two 16-token boxes a tile measured 9-18% below the pointer gathers, so smaller blocks keep
     those: keys in tiles of 32 with 4 warps and 4 stages for queries up to 4k, of 128 with 8 warps
     and 3 stages beyond (`python -m bench.kernels --sweep`: 273 / 355 / 382 TFLOP/s at S = 1k / 4k /
