@@ -43,8 +43,9 @@ def sweep_prefill(bench: Bench, seq_lens, total_tokens: int = 16384, num_heads: 
         inputs = [(q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, query_start_loc, seq_len, scale)]
         expected = paged_prefill_attention(*inputs[0], tiles=dict(PREFILL_POINTER_TILE))  # pointer gathers
         for entry in tile_list:
+            # a tuple is a tile of the pointer gathers (the launcher would take TMA boxes where the pool allows)
             tiles = entry if isinstance(entry, dict) else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
-                                                                     entry, strict=True))  # fmt: skip
+                                                                     entry, strict=True), USE_TMA=False)  # fmt: skip
             row = {"S": seq_len, **tiles}
             try:
                 ms = bench.time_ms(lambda *a, tiles=tiles: paged_prefill_attention(*a, tiles=tiles), inputs)

@@ -17,12 +17,14 @@ from pathlib import Path
 from bench.engine_common import kernel_bench_device
 
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
-SHORT = dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4)  # pointer gathers, queries below 4k
-LONG = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)  # and from 4k
+# NOTE: USE_TMA is set in every trial: left out, it defaults to True wherever the pool allows a box
+SHORT = dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4, USE_TMA=False)  # pointer gathers, queries below 4k
+LONG = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, USE_TMA=False)  # and from 4k
 TMA = dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, USE_TMA=True)  # the default for blocks of 64
 # (pool block size, tiles): the load paths at the block sizes that allow them
-TRIALS = [(16, SHORT), (16, LONG), (64, SHORT), (64, TMA), (64, dict(TMA, num_stages=2)), (64, dict(TMA, num_stages=4)),
-          (128, TMA), (128, dict(LONG, USE_TMA=True))]  # fmt: skip
+TRIALS = [(16, SHORT), (16, LONG), (64, SHORT), (64, dict(SHORT, USE_TMA=True)), (64, TMA),
+          (64, dict(TMA, num_stages=2)), (64, dict(TMA, num_stages=4)), (128, TMA),
+          (128, dict(LONG, USE_TMA=True))]  # fmt: skip
 
 
 def _markdown(results: dict) -> str:
