@@ -36,7 +36,8 @@ import triton.language as tl
 from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms, ticket_counters
 from kernels._online_softmax import attend_tile
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.prefill_attention import check_paged_kv, gather_kv_tiles, load_kv_tile, paged_prefill_attention_ref
+from kernels.paged_kv import check_paged_kv, gather_kv_tiles, load_kv_tile
+from kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
 MERGES = ("last_split", "kernel")

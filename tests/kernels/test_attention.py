@@ -14,7 +14,8 @@ import torch
 
 from kernels._launch import ticket_counters
 from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
-from kernels.prefill_attention import _tile_config, paged_prefill_attention, paged_prefill_attention_ref, tma_fits
+from kernels.paged_kv import tma_fits
+from kernels.prefill_attention import _tile_config, paged_prefill_attention, paged_prefill_attention_ref
 
 ON_GPU = torch.cuda.is_available()
 
