@@ -57,10 +57,9 @@ def _variants() -> list[Variant]:
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
     # the engine's 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config): pointer gathers on
     # 16-token blocks, TMA boxes on 64-token blocks (the default pool)
-    prefill = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_Q=32, BLOCK_M=128, PAGE_SIZE=16, DOT_DTYPE=tl.bfloat16,
-                   DOT_PRECISION="tf32", USE_TMA=False, k_desc=None, v_desc=None)  # fmt: skip
-    prefill_tma = dict(prefill, PAGE_SIZE=64, BLOCK_N=64, USE_TMA=True)
-    del prefill_tma["k_desc"], prefill_tma["v_desc"]
+    prefill_tma = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_Q=32, BLOCK_M=128, PAGE_SIZE=64, BLOCK_N=64,
+                       DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", USE_TMA=True)  # fmt: skip
+    prefill = dict(prefill_tma, PAGE_SIZE=16, USE_TMA=False, k_desc=None, v_desc=None)  # no descriptors: constexpr None
     return [
         Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, **pdl),
                 {"num_warps": 8, "num_stages": 3, **on}),

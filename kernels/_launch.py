@@ -102,6 +102,19 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=8)
+def _major_capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def has_tma(device: torch.device) -> bool:
+    """Whether a CUDA device has the tensor memory accelerator (Hopper, sm_90, or later); looked up
+    once per device, as the launchers ask on every call."""
+    if device.type != "cuda":
+        return False
+    return _major_capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
 _TICKETS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _OUTGROWN_TICKETS: list[torch.Tensor] = []  # replaced buffers stay alive: a captured CUDA graph may still use them
 MIN_TICKETS = 1 << 16  # 256 KB of int32: no growth below 65536 counters

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_float, check_index, check_last_dim_contiguous, interpreting
+from kernels._launch import check_float, check_index, check_last_dim_contiguous, has_tma, interpreting
 
 MAX_HEAD_DIM = 256
 
@@ -95,7 +95,7 @@ def tma_fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> b
     if interpreting():
         if q.dtype == torch.bfloat16:
             return False
-    elif not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] < 9:
+    elif not has_tma(q.device):
         return False
     size = q.element_size()
     return head_dim == triton.next_power_of_2(head_dim) and head_dim * size >= 16 and all(
