@@ -41,6 +41,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="tokens per block of the attention suites' paged pool (default: the engine's)",
     )
+    parser.add_argument("--small-ops", default=",".join(SMALL_OPS), help=f"comma-separated subset of {SMALL_OPS}")
     return parser.parse_args(argv)
 
 
@@ -150,7 +151,8 @@ def _write(out: Path, results: dict) -> None:
     (out / "kernels.md").write_text(_markdown(results))
 
 
-def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: int | None = None) -> None:
+def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: int | None = None,
+                small_ops: tuple[str, ...] = SMALL_OPS) -> None:  # fmt: skip
     from bench.attention_suites import POOL_BLOCK_SIZE, decode_suite, prefill_suite
     from bench.small_kernel_suite import small_kernel_suite
 
@@ -176,7 +178,7 @@ def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: 
     if "small" in suites:
         tokens, hiddens = ((3,), (256,)) if tiny else (SMALL_TOKENS, SMALL_HIDDENS)
         bandwidth = results["ceilings"]["copy_gbps"]
-        results["small"] = small_kernel_suite(bench, SMALL_OPS, tokens, hiddens, bandwidth_gbps=bandwidth)
+        results["small"] = small_kernel_suite(bench, small_ops, tokens, hiddens, bandwidth_gbps=bandwidth)
         print(f"[bench] small kernels: {len(results['small'])} rows", flush=True)
         _write(out, results)
 
@@ -213,6 +215,9 @@ def main(argv=None) -> dict:
     unknown = set(suites) - set(SUITES)
     if unknown:
         raise SystemExit(f"unknown suites {sorted(unknown)}; choose from {SUITES}")
+    small_ops = tuple(op for op in args.small_ops.split(",") if op)
+    if set(small_ops) - set(SMALL_OPS):
+        raise SystemExit(f"unknown small ops {sorted(set(small_ops) - set(SMALL_OPS))}; choose from {SMALL_OPS}")
     if args.dry_run:
         from kernels.interpreter import use_cpu_interpreter
 
@@ -234,7 +239,7 @@ def main(argv=None) -> dict:
     results: dict = {"meta": meta, "ceilings": measure_ceilings(bench)}
     print(f"[bench] ceilings {results['ceilings']}", flush=True)
     _write(out, results)
-    _run_suites(bench, suites, results, out, args.block_size)
+    _run_suites(bench, suites, results, out, args.block_size, small_ops)
     if args.sweep:
         _run_sweeps(bench, results, out)
     _write(out, results)

@@ -8,23 +8,10 @@
 # PHASES (default "tests kernels offline decode") picks what runs, so that the work can be split over
 # two calls. Writes everything under $OUT/ab and prints the tables' rows.
 set -uo pipefail
-OUT="${OUT:-bench/results/tmp}"
-R="$OUT/ab"
-BASE="${BASE:-build/base}"
-mkdir -p "$R"
-source bench/gpu_env.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$R/gpu.txt"
-here="$PWD:${PYTHONPATH:-}"
 PHASES="${PHASES:-tests kernels offline decode}"
-has() { [[ " $PHASES " == *" $1 "* ]]; }
+source bench/gpu_ab_prelude.sh
 
-if has tests; then
-read -r -a tests <<<"${TEST_PATHS:-tests/kernels/test_attention.py tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_mixed_graphs.py}"
-PYTHONPATH="$here" timeout "${TESTS_TIMEOUT_S:-240}" python3 -m pytest -q -p no:cacheprovider -n 8 "${tests[@]}" \
-    >"$R/tests.log" 2>&1
-echo "tests rc $?: $(tail -1 "$R/tests.log")"
-fi
+has tests && gpu_tests "tests/kernels/test_attention.py tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_mixed_graphs.py" 240
 
 has kernels && for block in default 16; do
     flag=""; [ "$block" = default ] || flag="--block-size $block"
