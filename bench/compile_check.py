@@ -61,10 +61,12 @@ def _variants() -> list[Variant]:
                        DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", USE_TMA=True)  # fmt: skip
     prefill = dict(prefill_tma, PAGE_SIZE=16, USE_TMA=False, k_desc=None, v_desc=None)  # no descriptors: constexpr None
     return [
-        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, **pdl),
-                {"num_warps": 8, "num_stages": 3, **on}),
-        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=True, BLOCK_N=4, BLOCK_K=512, PDL=False),
-                {"num_warps": 8, "num_stages": 3}, "bias, no PDL"),
+        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, PREFETCH=False, **pdl),
+                {"num_warps": 8, "num_stages": 1, **on}),
+        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=1024, PREFETCH=True, **pdl),
+                {"num_warps": 8, "num_stages": 1, **on}, "wide prefetch"),
+        Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=True, BLOCK_N=4, BLOCK_K=512, PREFETCH=False, PDL=False),
+                {"num_warps": 8, "num_stages": 1}, "bias, no PDL"),
         Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=False), {"num_warps": 4, **on}),
         Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=True), {"num_warps": 4, **on},
                 "SwiGLU"),

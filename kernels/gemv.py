@@ -15,8 +15,9 @@ A variant that computed SiLU-and-mul while loading the down projection's input w
 
 Kernel: each program owns BLOCK_N output rows and walks K in BLOCK_K chunks, accumulating
 w * x in a [BLOCK_N, BLOCK_K] fp32 tile that it reduces once at the end; rows are read
-contiguously along K. BLOCK_N = 4, BLOCK_K = 512, 8 warps, 3 stages won bench/gemv_sweep.py
-on every 8B shape (the qkv projection a tie).
+contiguously along K. BLOCK_N = 4, BLOCK_K = 512, 8 warps won bench/gemv_sweep.py on every 8B
+shape (the qkv projection a tie). Triton software-pipelines only loads that feed a tl.dot, so
+num_stages does nothing here: the loop itself says how many chunks are in flight (gemv_tiles).
 """
 
 from __future__ import annotations
@@ -26,10 +27,34 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float, check_last_dim_contiguous
+from kernels._launch import check_device, check_float, check_last_dim_contiguous, num_sms
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
-BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 4, 512, 8, 3
+# Tiles (bench/gemv_trials.py, H100, session 14): 4 rows a program, 8 warps. 512 columns a step,
+# one chunk in flight; with few programs (at most FEW_PROGRAMS_PER_SM an SM, the 1B model's
+# 2048-row projections) 1024 columns a step and two more chunks in flight, since each SM then holds
+# too few programs to cover DRAM latency with one chunk each (1B down 13.8 -> 12.6 us).
+BLOCK_N, NUM_WARPS = 4, 8
+BLOCK_K, WIDE_BLOCK_K = 512, 1024
+FEW_PROGRAMS_PER_SM = 4
+
+
+@triton.jit
+def x_chunk(x_ptr, n, k, k_mask):
+    """x[k] as a [BLOCK_N, BLOCK_K] tile in the weight tile's layout, fp32.
+
+    Why not one [BLOCK_K] row broadcast: Triton loads that row in its own layout and moves it into
+    the weight tile's through shared memory, two barriers a chunk that hold back the next chunk's
+    weight load. Each row of this tile reads the same addresses (L1 hits): 3-10% faster at the
+    Llama shapes (bench/results/h100/memory_bound_session14/gemv_trials.md, X2D).
+    """
+    return tl.load(x_ptr + k[None, :] + 0 * n[:, None], mask=k_mask[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _w_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
+    k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -44,36 +69,51 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
+    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
     # The first chunk of weights is loaded before the wait for the kernel before (kernels/_pdl.py):
-    # with PDL it streams while that kernel finishes. The loop goes on from the second chunk.
+    # with PDL it streams while that kernel finishes.
     # NOTE: a first chunk 2-4x wider (all of K at 1B) made the 1B / 8B steps 3-5x slower (H100,
     # bench/results/h100/decode_ab_session10.md), so it is one loop chunk. So did an unrolled loop
     # (2 or 4 chunks an iteration, their loads issued together): 1B 1.19 -> 1.21-1.23 ms, 8B 5.78 -> 5.99-6.17.
     k = tl.arange(0, BLOCK_K)
-    k_mask = k < K
-    w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
     pdl_wait(PDL)
-    x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-    acc = w.to(tl.float32) * x[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    if PREFETCH:  # chunk k + 1 is in flight at the top of step k, k + 2 issued in it
+        w_next = _w_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if PREFETCH:
+            w_after = _w_chunk(w_rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
         k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = k < K
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        acc += w.to(tl.float32) * x_chunk(x_ptr, n, k, k < K)
+        if PREFETCH:
+            w = w_next
+            w_next = w_after
+        else:
+            w = _w_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y [1, N] = x [1, K] weight[N, K]^T (+ bias)."""
+def gemv_tiles(num_out: int, sms: int) -> dict:
+    """BLOCK_K and PREFETCH for N output rows on a GPU of `sms` SMs (0: the interpreter): the wide
+    prefetching step where programs are few."""
+    few = triton.cdiv(num_out, BLOCK_N) <= FEW_PROGRAMS_PER_SM * sms
+    return {"BLOCK_K": WIDE_BLOCK_K, "PREFETCH": True} if few else {"BLOCK_K": BLOCK_K, "PREFETCH": False}
+
+
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, tiles: dict | None = None
+) -> torch.Tensor:
+    """y [1, N] = x [1, K] weight[N, K]^T (+ bias). tiles overrides BLOCK_K or PREFETCH (tests, sweeps)."""
     check_device(_gemv_kernel, "x, weight and bias", x, weight, *([bias] if bias is not None else []))
     check_float("x", x)
     if x.dim() != 2 or x.shape[0] != 1:
@@ -87,11 +127,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"bias must be a contiguous [{num_out}] tensor of x's dtype, got {tuple(bias.shape)}")
     check_last_dim_contiguous("x", x)
     check_last_dim_contiguous("weight", weight)
+    config = gemv_tiles(num_out, num_sms(x.device) if x.device.type == "cuda" else 0)
+    unknown = set(tiles or {}) - set(config)
+    if unknown:
+        raise ValueError(f"tiles may set only {sorted(config)}, got {sorted(unknown)}")
+    config.update(tiles or {})
     y = torch.empty(1, num_out, device=x.device, dtype=x.dtype)
     _gemv_kernel[(triton.cdiv(num_out, BLOCK_N),)](
         x, weight, bias if bias is not None else weight, y, num_out, num_in, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl_options(x.device),
+        HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, **config,
+        num_warps=NUM_WARPS, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return y
 

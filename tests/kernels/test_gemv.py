@@ -8,7 +8,7 @@ import torch
 
 from engine import ops
 from kernels._pdl import use_pdl
-from kernels.gemv import gemv, gemv_ref
+from kernels.gemv import gemv, gemv_ref, gemv_tiles
 
 ON_GPU = torch.cuda.is_available()
 # (N out, K in): a single output, sizes off the 4-row / 512-column tiles, K below one tile
@@ -30,17 +30,27 @@ def _tolerance(dtype: torch.dtype, reference: torch.Tensor, num_in: int) -> dict
     return dict(atol=2 * torch.finfo(dtype).eps * scale, rtol=2 * torch.finfo(dtype).eps)
 
 
+# the launcher's pick for the shape, and both schedules forced: one chunk in flight, or wide chunks
+# with two more in flight (the loads past K masked: K below one chunk, K just over one or two)
+SCHEDULES = [
+    pytest.param(None, id="launcher"),
+    pytest.param({"BLOCK_K": 512, "PREFETCH": False}, id="one-in-flight"),
+    pytest.param({"BLOCK_K": 1024, "PREFETCH": True}, id="wide-prefetch"),
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_gemv_matches_linear(shape, with_bias, dtype, device):
+def test_gemv_matches_linear(shape, with_bias, dtype, schedule, device):
     num_out, num_in = shape
     x = torch.randn(1, num_in, device=device).to(dtype)
     weight = (torch.randn(num_out, num_in, device=device) / num_in**0.5).to(dtype)
     bias = torch.randn(num_out, device=device).to(dtype) if with_bias else None
     # the reference in fp32 from the same rounded inputs
     expected = gemv_ref(x.float(), weight.float(), bias.float() if bias is not None else None)
-    got = gemv(x, weight, bias)
+    got = gemv(x, weight, bias, tiles=schedule)
     assert got.shape == (1, num_out) and got.dtype == dtype
     torch.testing.assert_close(got.float(), expected, **_tolerance(dtype, expected, num_in))
 
@@ -55,6 +65,16 @@ def test_gemv_refuses_what_it_does_not_do(device):
         gemv(torch.randn(1, 16, device=device), weight.to(torch.bfloat16))
     with pytest.raises(ValueError, match="bias"):
         gemv(torch.randn(1, 16, device=device), weight, torch.randn(9, device=device))
+    with pytest.raises(ValueError, match="tiles may set only"):
+        gemv(torch.randn(1, 16, device=device), weight, tiles={"BLOCK_N": 8})
+
+
+def test_gemv_takes_the_wide_prefetching_step_only_where_programs_are_few():
+    # an H100's 132 SMs: the 1B model's 2048-row projections (512 programs) take it, 3072 rows do not
+    assert gemv_tiles(2048, 132) == {"BLOCK_K": 1024, "PREFETCH": True}
+    assert gemv_tiles(3072, 132) == {"BLOCK_K": 512, "PREFETCH": False}
+    assert gemv_tiles(4096, 132)["PREFETCH"] is False
+    assert gemv_tiles(8, 0)["PREFETCH"] is False  # the interpreter (no SMs): the plain step
 
 
 def test_ops_dispatch_one_token_and_large_weights_to_the_kernel(device):
