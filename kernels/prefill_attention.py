@@ -168,6 +168,12 @@ def _prefill_kernel(
 
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA")
 TMA_BLOCK_N = 64  # the key tile of the TMA path, which the pool's block size must be a multiple of
+# NOTE: below this many query tokens the TMA path gains no GPU time, and its two descriptors cost
+# ~30-45 us of host a launch, which Triton's launcher encodes at every call (H100, 8B heads: 128
+# tokens 10.3 vs 10.6 us GPU, 132 vs 102 us host; 512 tokens 21.3 vs 26.4 us GPU, 131 vs 95 us host;
+# bench/results/h100/memory_bound_session14/prefill_launch_cost.md). Eager prefill steps of short
+# prompts (and every layer's call) pay that host time; so those keep the pointer gathers.
+TMA_MIN_QUERY_TOKENS = 512
 
 
 def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: int, page_size: int, tma: bool,
@@ -175,7 +181,8 @@ def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: i
     """Tile sizes, warps, pipeline depth and load path for a head dim, dtype, query length and pool
     block size (`tma`: tma_fits; `tiles` overrides any of them).
 
-    16-bit, D <= 128, a pool of blocks of 64 tokens or a multiple: 128 query rows, keys in TMA boxes
+    16-bit, D <= 128, a pool of blocks of 64 tokens or a multiple, at least TMA_MIN_QUERY_TOKENS
+    query tokens: 128 query rows, keys in TMA boxes
     of 64, 4 warps and 3 stages (H100, bf16, GQA 32/8, D = 128: 338 / 423 / 471 / 503 / 518 TFLOP/s
     at S = 1k / 2k / 4k / 8k / 16k, 1.27-1.50x SDPA flash in the same run, bench/results/h100/
     block_size_64_session13/diagonal_boxes/; 2 or 4 stages within ~5%, 128-key boxes with 8 warps
@@ -197,7 +204,7 @@ def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: i
         use_tma = tma and page_size % block_n == 0
     elif dtype == torch.float32 or block_d > 128:
         block_m, block_n, warps, stages = 64, 32, 8 if block_d > 128 else 4, 2
-    elif tma and page_size % TMA_BLOCK_N == 0:
+    elif tma and page_size % TMA_BLOCK_N == 0 and max_query_len >= TMA_MIN_QUERY_TOKENS:
         block_m, block_n, warps, stages, use_tma = 128, TMA_BLOCK_N, 4, 3, True
     elif max_query_len < 4096:
         block_m, block_n, warps, stages = 128, 32, 4, 4

@@ -15,7 +15,12 @@ import torch
 from kernels._launch import ticket_counters
 from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
 from kernels.paged_kv import tma_fits
-from kernels.prefill_attention import _tile_config, paged_prefill_attention, paged_prefill_attention_ref
+from kernels.prefill_attention import (
+    TMA_MIN_QUERY_TOKENS,
+    _tile_config,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+)
 
 ON_GPU = torch.cuda.is_available()
 
@@ -64,7 +69,9 @@ if ON_GPU:
         ([1000, 1, 77, 513], [0, 100, 3000, 0], 32, 8, 128, 64),
         ([4096], [0], 32, 8, 128, 64),
         ([100, 3], [8000, 64], 32, 4, 128, 128),
+        ([600, 3], [8000, 64], 32, 4, 128, 128),
         ([257] * 3, [0, 1, 2], 32, 4, 64, 64),
+        ([520] * 3, [0, 1, 64], 32, 4, 64, 64),
         ([300, 45], [17, 1000], 16, 2, 256, 64),
         ([int(n) for n in torch.randint(1, 300, (64,), generator=torch.Generator().manual_seed(0))],
          [int(n) for n in torch.randint(0, 600, (64,), generator=torch.Generator().manual_seed(1))], 28, 4, 128, 16),
@@ -88,16 +95,19 @@ def test_prefill_attention_matches_reference(case, dtype, tol, paged_batch, pois
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("head_dim,block_size", [(64, 16), (64, 64), (80, 16), (128, 8)])
 def test_prefill_attention_takes_tma_where_the_pool_allows(head_dim, block_size, dtype, paged_batch):
-    """The TMA path is taken (so the reference tests above run it) exactly where its boxes fit."""
+    """The TMA path is taken (so the reference tests above run it) exactly where its boxes fit and,
+    on the GPU, the prompt is long enough to pay for the descriptors' host cost."""
     batch = paged_batch([3], [40], 4, 1, head_dim, block_size, dtype)
     fits = tma_fits(batch.q, batch.k_cache, batch.v_cache)
-    config = _tile_config(head_dim, dtype, 4, 3, block_size, fits, None)
+    config = _tile_config(head_dim, dtype, 4, TMA_MIN_QUERY_TOKENS, block_size, fits, None)
+    short = _tile_config(head_dim, dtype, 4, TMA_MIN_QUERY_TOKENS - 1, block_size, fits, None)
     pow2_head = head_dim in (64, 128)
     if ON_GPU:
         expected = pow2_head and dtype != torch.float32 and block_size % 64 == 0
     else:  # the interpreter: 16-key tiles; its bf16 boxes are misread (tma_fits)
         expected = pow2_head and dtype != torch.bfloat16 and block_size % 16 == 0
     assert config["USE_TMA"] is expected
+    assert short["USE_TMA"] is (expected and not ON_GPU)  # the interpreter ignores the threshold
     k = batch.k_cache
     spaced = k.as_strided((k.shape[0] - 1, *k.shape[1:]), (k.stride(0) + 8, *k.stride()[1:]))
     assert not tma_fits(batch.q, spaced, spaced)  # blocks not back to back: no [N * B, Hkv * D] view
