@@ -44,6 +44,11 @@ class Variant:
     constexprs: dict
     options: dict = field(default_factory=lambda: {"num_warps": 4, "num_stages": 3})
     label: str = ""
+    # Integer arguments that the representative launch passes as multiples of 16. Triton specializes
+    # those at launch (vectorized loads where a mask compares against them), so the compile marks them
+    # too: without it the one-token GEMV compiled to 2-byte loads and the KV store showed 16 spill
+    # instructions that its launches do not have.
+    multiples_of_16: tuple[str, ...] = ()
 
 
 def _variants() -> list[Variant]:
@@ -54,6 +59,7 @@ def _variants() -> list[Variant]:
     decode = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_G=16, BLOCK_GROUP=4, BLOCK_N=64, PAGE_SIZE=16,
                   BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)  # fmt: skip
     norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, **pdl)
+    gemv_sizes, norm_gemv_sizes = ("N", "K"), ("num_rows", "K")  # every Llama / Qwen projection's
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
     # the engine's 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config): pointer gathers on
     # 16-token blocks, TMA boxes on 64-token blocks (the default pool)
@@ -62,14 +68,15 @@ def _variants() -> list[Variant]:
     prefill = dict(prefill_tma, PAGE_SIZE=16, USE_TMA=False, k_desc=None, v_desc=None)  # no descriptors: constexpr None
     return [
         Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, PREFETCH=False, **pdl),
-                {"num_warps": 8, "num_stages": 1, **on}),
+                {"num_warps": 8, "num_stages": 1, **on}, multiples_of_16=gemv_sizes),
         Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=1024, PREFETCH=True, **pdl),
-                {"num_warps": 8, "num_stages": 1, **on}, "wide prefetch"),
+                {"num_warps": 8, "num_stages": 1, **on}, "wide prefetch", gemv_sizes),
         Variant("gemv", "_gemv_kernel", dict(HAS_BIAS=True, BLOCK_N=4, BLOCK_K=512, PREFETCH=False, PDL=False),
-                {"num_warps": 8, "num_stages": 1}, "bias, no PDL"),
-        Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=False), {"num_warps": 4, **on}),
+                {"num_warps": 8, "num_stages": 1}, "bias, no PDL", gemv_sizes),
+        Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=False), {"num_warps": 4, **on},
+                multiples_of_16=norm_gemv_sizes),
         Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=True), {"num_warps": 4, **on},
-                "SwiGLU"),
+                "SwiGLU", norm_gemv_sizes),
         Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=33, MERGE_HERE=True),
                 {"num_warps": 4, "num_stages": 3, **on}, "33 splits"),
         Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=1, BLOCK_P=1, P_CHUNK=1,
@@ -97,7 +104,8 @@ def _variants() -> list[Variant]:
         Variant("rope", "_rope_kernel", rope, {"num_warps": 4, **on}),
         Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, HAS_QK_NORM=True), {"num_warps": 4, **on},
                 "q/k norm"),
-        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on}),
+        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on},
+                multiples_of_16=("num_tokens", "head_dim", "block_size")),
     ]  # fmt: skip
 
 
@@ -142,7 +150,11 @@ def compile_variant(variant: Variant, sass_dir: Path | None = None) -> dict:
     row = {"kernel": f"{variant.module}.{variant.kernel}", "label": variant.label}
     # 16-byte aligned pointers and strides, as the engine's tensors are (Triton specializes on it at launch)
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-               if n not in variant.constexprs and (n.endswith("_ptr") or n.startswith("stride"))}  # fmt: skip
+               if n not in variant.constexprs
+               and (n.endswith("_ptr") or n.startswith("stride") or n in variant.multiples_of_16)}  # fmt: skip
+    unknown = set(variant.multiples_of_16) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"{variant.kernel} has no arguments {sorted(unknown)}")
     try:
         source = ASTSource(fn, _signature(fn, variant.constexprs), constexprs=variant.constexprs, attrs=aligned)
         compiled = triton.compile(source, target=GPUTarget(*TARGET), options=variant.options)
