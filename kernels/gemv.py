@@ -9,7 +9,8 @@ Why: at one token a projection is a pure weight stream, and cuBLAS's M = 1 kerne
 Llama-3.1-8B shape's o_proj at 65% and its lm_head at 92% of the measured read bandwidth,
 where this kernel reads them at 76% and 100% (H100, bench/results/h100/gemv_sweep_session6.json).
 In the engine's graphed 8B decode step: 6.17 -> 5.99 ms. The engine uses it only for one token
-and weights of at least 4096 x 4096 (engine/ops.py says why); wider batches are matmuls.
+and weights of at least 4096 x 4096, 2048 x 2048 where kernels launch with PDL (engine/ops.py says
+why); wider batches are matmuls.
 A variant that computed SiLU-and-mul while loading the down projection's input was slower
 (6.13 ms): every program recomputed the activation of the whole input.
 
@@ -40,12 +41,12 @@ FEW_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
-def x_chunk(x_ptr, n, k, k_mask):
+def _x_chunk(x_ptr, n, k, k_mask):
     """x[k] as a [BLOCK_N, BLOCK_K] tile in the weight tile's layout, fp32.
 
     Why not one [BLOCK_K] row broadcast: Triton loads that row in its own layout and moves it into
     the weight tile's through shared memory, two barriers a chunk that hold back the next chunk's
-    weight load. Each row of this tile reads the same addresses (L1 hits): 3-10% faster at the
+    weight load. Each row of this tile reads the same addresses (L1 hits): 1-10% faster at the
     Llama shapes (bench/results/h100/memory_bound_session14/gemv_trials.md, X2D).
     """
     return tl.load(x_ptr + k[None, :] + 0 * n[:, None], mask=k_mask[None, :], other=0.0).to(tl.float32)
@@ -91,7 +92,7 @@ def _gemv_kernel(
         if PREFETCH:
             w_after = _w_chunk(w_rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
         k = k0 + tl.arange(0, BLOCK_K)
-        acc += w.to(tl.float32) * x_chunk(x_ptr, n, k, k < K)
+        acc += w.to(tl.float32) * _x_chunk(x_ptr, n, k, k < K)
         if PREFETCH:
             w = w_next
             w_next = w_after
