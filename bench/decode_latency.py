@@ -59,6 +59,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
                         help="tiles of kernels/rms_norm_gemv.py in the engine, e.g. 'BLOCK_N=4,num_warps=8' "
                              "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
     parser.add_argument(
+        "--fused-qkv-rope",
+        action="store_true",
+        help="engine.ops.QKV_ROPE_FUSION: the pre-norm, qkv projection, RoPE and KV store as one kernel at one "
+        "token (kernels/rms_norm_qkv_rope.py; off by default until measured)",
+    )
+    parser.add_argument(
         "--pdl",
         choices=("on", "off"),
         default=None,
@@ -78,6 +84,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
         ops.NORM_GEMV_MIN_FEATURES = args.norm_gemv_min_features
     if args.swiglu_gemv_max_features is not None:
         ops.SWIGLU_GEMV_MAX_FEATURES = args.swiglu_gemv_max_features
+    if args.fused_qkv_rope:
+        ops.QKV_ROPE_FUSION = True
     return args
 
 

@@ -103,6 +103,10 @@ GEMV_MIN_FEATURES = 4096  # projections with both dims at least this: kernels/ge
 GEMV_MIN_FEATURES_PDL = 2048
 NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
 SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden size K is at most this
+# The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py).
+# NOTE: off until an engine A/B on a GPU decides it (session 14 wrote it without device time left to
+# measure it); bench/decode_latency.py --fused-qkv-rope turns it on for a run.
+QKV_ROPE_FUSION = False
 
 
 def gemv_min_features(device: torch.device) -> int:
@@ -174,6 +178,41 @@ def rms_norm_linear(
         normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
     y = linear(normed, weight, bias)
     return (silu_and_mul(y) if swiglu else y), residual
+
+
+def fuses_qkv_rope(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a layer's pre-norm, qkv projection, RoPE and KV store run as one kernel (rms_norm_qkv_rope):
+    QKV_ROPE_FUSION on, and where the norm would run inside the projection (one token, a large weight)."""
+    return QKV_ROPE_FUSION and uses_gemv(x, weight, NORM_GEMV_MIN_FEATURES)
+
+
+def rms_norm_qkv_rope(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_q_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token's (qkv [1, N] with q rotated, x + residual), rope(k) and v stored into kv_cache
+    [2, N_blocks, B, Hkv, D] at slot_mapping: rms_norm_linear then rope_store_kv, as one kernel where
+    fuses_qkv_rope says so, else as those two ops."""
+    if fuses_qkv_rope(x, weight):
+        from kernels.rms_norm_qkv_rope import rms_norm_qkv_rope as kernel
+
+        return kernel(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, kv_cache[0],
+                      kv_cache[1], slot_mapping, num_q_heads)  # fmt: skip
+    qkv, residual = rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    q, k, v = qkv.split([num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=1)
+    rope_store_kv(q.view(-1, num_q_heads, head_dim), k.view(-1, num_kv_heads, head_dim),
+                  v.view(-1, num_kv_heads, head_dim), positions, cos_sin_cache, kv_cache, slot_mapping)  # fmt: skip
+    return qkv, residual
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ TILE_KEYS = tuple(TILES)
 
 
 @triton.jit
-def _normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL: tl.constexpr):
+def normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL: tl.constexpr):
     """One chunk of the norm's input: (h * g, h * h) in fp32, h = x (+ residual, written by program 0)."""
     h = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
@@ -101,14 +101,14 @@ def _rms_norm_gemv_kernel(
     if SWIGLU:
         w_up = tl.load(up_rows + k[None, :], mask=wk_mask, other=0.0)
     pdl_wait(PDL)
-    hg, sum_sq = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
+    hg, sum_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
     acc = w.to(tl.float32) * hg[None, :]  # gate rows under SwiGLU
     if SWIGLU:
         acc_up = w_up.to(tl.float32) * hg[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
-        hg, chunk_sq = _normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
+        hg, chunk_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
         sum_sq += chunk_sq
         wk_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_rows + k[None, :], mask=wk_mask, other=0.0)
@@ -128,7 +128,8 @@ def _rms_norm_gemv_kernel(
     tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def _check(x, residual, norm_weight, weight, bias, swiglu: bool) -> None:
+def check_norm_gemv_args(x, residual, norm_weight, weight, bias, swiglu: bool = False) -> None:
+    """The checks of a one-token norm + projection's arguments (shared with kernels/rms_norm_qkv_rope.py)."""
     tensors = [x, norm_weight, weight] + [t for t in (residual, bias) if t is not None]
     check_device(_rms_norm_gemv_kernel, "x, residual, norm_weight, weight and bias", *tensors)
     check_float("x", x)
@@ -172,7 +173,7 @@ def rms_norm_gemv(
 
     tiles overrides BLOCK_N, BLOCK_K, num_warps or num_stages (benchmark sweeps).
     """
-    _check(x, residual, norm_weight, weight, bias, swiglu)
+    check_norm_gemv_args(x, residual, norm_weight, weight, bias, swiglu)
     unknown = set(tiles or {}) - set(TILE_KEYS)
     if unknown:
         raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")

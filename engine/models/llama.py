@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine import ops
 from engine.attention_metadata import AttentionMetadata
 from engine.models.layers import (
     GatedMLP,
@@ -80,6 +81,14 @@ class LlamaAttention(nn.Module):
         The norm and the qkv projection are one op (RMSNorm.project): one kernel at one token.
         """
         num_tokens = hidden.shape[0]
+        if self.qk_norm() is None and ops.fuses_qkv_rope(hidden, self.qkv_proj.weight):
+            # one token: norm, qkv, RoPE and the KV store as one kernel (engine.ops.QKV_ROPE_FUSION)
+            qkv, residual = ops.rms_norm_qkv_rope(
+                hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias, positions,
+                self.rotary_emb.cos_sin_cache, kv_cache, meta.slot_mapping, self.num_heads,
+            )  # fmt: skip
+            q, _, _ = self.qkv_proj.split(qkv)
+            return self.o_proj(self.attn.attend(q, kv_cache, meta)), residual
         qkv, residual = norm.project(hidden, residual, self.qkv_proj)  # [T, (Hq + 2 Hkv) * D], [T, H]
         q, k, v = self.qkv_proj.split(qkv)  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]

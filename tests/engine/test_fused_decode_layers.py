@@ -1,6 +1,7 @@
 """Batch-1 decode with every one-token projection on the GEMV kernels and the pre-norms, residual adds
-and SwiGLU fused into them (engine.ops.rms_norm_linear, kernels/rms_norm_gemv.py), against the engine
-on the torch references: the same greedy tokens.
+and SwiGLU fused into them (engine.ops.rms_norm_linear, kernels/rms_norm_gemv.py), and with the qkv
+projection's RoPE and KV store fused in too (engine.ops.QKV_ROPE_FUSION), against the engine on the
+torch references: the same greedy tokens.
 
 The dispatch thresholds (engine.ops.GEMV_MIN_FEATURES, NORM_GEMV_MIN_FEATURES) are lowered to the
 tiny checkpoints' sizes, so that their projections take the path the Llama-3.1-8B shape takes. On
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import kernels.rms_norm_gemv
+import kernels.rms_norm_qkv_rope
 from engine import ops
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
@@ -48,15 +50,8 @@ def _engine(model_dir: Path, kernels: str) -> LLMEngine:
     )
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, q/k norms
-def test_fused_one_token_layers_give_the_reference_tokens(kind: str, tiny_ckpt, monkeypatch) -> None:
-    model_dir = tiny_ckpt(kind)
-    prompts = random_prompts(2, 49152, 5, 20, seed=13)
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    # r0 decodes alone (one token a step: the fused path), then r1's prefill and the pair's decodes
-    # (several tokens a step: the norm kernels and matmuls) in the same run.
-    arrivals = [0, 5]
-    reference = run_staggered(_engine(model_dir, "torch"), prompts, params, arrivals)
+def _one_token_kernels_everywhere(monkeypatch) -> None:
+    """The dispatch thresholds lowered to the tiny checkpoints' sizes (see the module docstring)."""
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 1)
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES_PDL", 1)  # the threshold where kernels launch with PDL
     monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES", 1)
@@ -65,11 +60,46 @@ def test_fused_one_token_layers_give_the_reference_tokens(kind: str, tiny_ckpt, 
         # 12288 programs a step. It stays a matmul here; the decoder layers' projections do not.
         one_token = ops.uses_gemv
         monkeypatch.setattr(ops, "uses_gemv", lambda x, w, *least: w.shape[0] < 4096 and one_token(x, w, *least))
-    calls = []
-    fused = kernels.rms_norm_gemv.rms_norm_gemv
-    monkeypatch.setattr(kernels.rms_norm_gemv, "rms_norm_gemv", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+
+
+def _counting(monkeypatch, module, name: str) -> list:
+    """Calls of module.name from now on, one entry each."""
+    calls, kernel = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    return calls
+
+
+def _fused_run_matches_the_reference(kind: str, tiny_ckpt, monkeypatch, seed: int, counted) -> list:
+    """Greedy tokens of two staggered requests on the one-token kernels equal the torch engine's; returns
+    the calls of `counted` (module, name) in the kernel run. r0 decodes alone (one token a step: the fused
+    path), then r1's prefill and the pair's decodes (several tokens a step: the norm kernels and matmuls)."""
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(2, 49152, 5, 20, seed=seed)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    arrivals = [0, 5]
+    reference = run_staggered(_engine(model_dir, "torch"), prompts, params, arrivals)
+    _one_token_kernels_everywhere(monkeypatch)
+    calls = _counting(monkeypatch, *counted)
     engine = _engine(model_dir, "triton")
     assert run_staggered(engine, prompts, params, arrivals) == reference
-    assert calls, "no one-token step went through the fused kernel"
     if ON_GPU:
         assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, q/k norms
+def test_fused_one_token_layers_give_the_reference_tokens(kind: str, tiny_ckpt, monkeypatch) -> None:
+    calls = _fused_run_matches_the_reference(kind, tiny_ckpt, monkeypatch, 13, (kernels.rms_norm_gemv, "rms_norm_gemv"))
+    assert calls, "no one-token step went through the fused kernel"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_qkv_projection_with_rope_and_kv_store_in_one_kernel_gives_the_reference_tokens(
+    kind: str, tiny_ckpt, monkeypatch
+) -> None:
+    """engine.ops.QKV_ROPE_FUSION (kernels/rms_norm_qkv_rope.py): Llama and Qwen2 (q/k/v biases) take it
+    at one token; Qwen3 keeps the unfused pair, whose kernel also applies its q/k norms."""
+    monkeypatch.setattr(ops, "QKV_ROPE_FUSION", True)
+    counted = (kernels.rms_norm_qkv_rope, "rms_norm_qkv_rope")
+    calls = _fused_run_matches_the_reference(kind, tiny_ckpt, monkeypatch, 17, counted)
+    assert bool(calls) is (kind != "qwen3")

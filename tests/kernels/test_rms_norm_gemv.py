@@ -10,6 +10,7 @@ import torch
 
 from engine import ops
 from kernels.rms_norm_gemv import rms_norm_gemv, rms_norm_gemv_ref
+from tests.kernels.one_token_tolerance import one_token_tolerance
 
 ON_GPU = torch.cuda.is_available()
 EPS = 1e-5
@@ -41,14 +42,6 @@ def _fp32_reference(x, res, norm_weight, weight, bias, swiglu):
     return y, h
 
 
-def _tolerance(dtype: torch.dtype, reference: torch.Tensor, num_in: int) -> dict:
-    """fp32: sums in another order; 16-bit: one rounding of the output (the interpreter truncates)."""
-    scale = max(float(reference.abs().max()), 1.0)
-    if dtype == torch.float32:
-        return dict(atol=2e-6 * num_in**0.5 * scale, rtol=1e-5)
-    return dict(atol=2 * torch.finfo(dtype).eps * scale, rtol=2 * torch.finfo(dtype).eps)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
 @pytest.mark.parametrize("with_residual", [False, True], ids=["nores", "residual"])
@@ -59,7 +52,7 @@ def test_rms_norm_gemv_matches_the_unfused_layer(shape, with_residual, swiglu, d
     expected, h = _fp32_reference(x, res, norm_weight, weight, bias, swiglu)
     got, new_residual = rms_norm_gemv(x, res, norm_weight, EPS, weight, bias, swiglu=swiglu)
     assert got.shape == (1, num_out // 2 if swiglu else num_out) and got.dtype == dtype
-    torch.testing.assert_close(got.float(), expected, **_tolerance(dtype, expected, num_in))
+    torch.testing.assert_close(got.float(), expected, **one_token_tolerance(dtype, expected, num_in))
     if with_residual:
         # the stored residual: x + res rounded once (to nearest on the GPU; the interpreter truncates)
         ulp = 0.0 if ON_GPU or dtype == torch.float32 else torch.finfo(dtype).eps * float(h.float().abs().max())
@@ -76,7 +69,7 @@ def test_rms_norm_gemv_without_bias_and_other_tiles(swiglu, device):
     expected, _ = _fp32_reference(x, res, norm_weight, weight, None, swiglu)
     for tiles in ({}, {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4}):
         got, _ = rms_norm_gemv(x, res, norm_weight, EPS, weight, swiglu=swiglu, tiles=tiles)
-        torch.testing.assert_close(got, expected, **_tolerance(torch.float32, expected, 700))
+        torch.testing.assert_close(got, expected, **one_token_tolerance(torch.float32, expected, 700))
 
 
 def test_rms_norm_gemv_refuses_what_it_does_not_do(device):

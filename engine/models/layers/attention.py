@@ -64,5 +64,10 @@ class PagedAttention(nn.Module):
         else:
             positions, cos_sin_cache = rotary
             ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, meta.slot_mapping, qk_norm)
-        out = ops.paged_attention(q, kv_cache, meta, self.scale)  # [T, Hq, D]
+        return self.attend(q, kv_cache, meta)
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq*D] or [T, Hq, D], rotated, over the pool that already holds this step's K/V -> [T, Hq*D]."""
+        num_tokens = q.shape[0]
+        out = ops.paged_attention(q.view(num_tokens, self.num_heads, self.head_dim), kv_cache, meta, self.scale)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
