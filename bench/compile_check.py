@@ -58,7 +58,7 @@ def _variants() -> list[Variant]:
     on = {"launch_pdl": True}
     decode = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_G=16, BLOCK_GROUP=4, BLOCK_N=64, PAGE_SIZE=16,
                   BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)  # fmt: skip
-    norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, **pdl)
+    norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, PREFETCH=False, **pdl)
     gemv_sizes, norm_gemv_sizes = ("N", "K"), ("num_rows", "K")  # every Llama / Qwen projection's
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
     # the engine's 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config): pointer gathers on
@@ -77,6 +77,10 @@ def _variants() -> list[Variant]:
                 multiples_of_16=norm_gemv_sizes),
         Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=True), {"num_warps": 4, **on},
                 "SwiGLU", norm_gemv_sizes),
+        Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=False, PREFETCH=True),
+                {"num_warps": 4, **on}, "prefetch", norm_gemv_sizes),
+        Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=True, PREFETCH=True),
+                {"num_warps": 4, **on}, "SwiGLU, prefetch", norm_gemv_sizes),
         Variant("rms_norm_qkv_rope", "_rms_norm_qkv_rope_kernel",
                 dict(HALF=64, HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, **pdl),
                 {"num_warps": 4, **on}, multiples_of_16=("K",)),

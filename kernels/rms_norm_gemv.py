@@ -45,10 +45,20 @@ from kernels.silu_and_mul import silu_and_mul_ref
 # (bench/fused_gemv_sweep.py, each shape alone) had 4 warps win every shape; the row count was chosen
 # in the engine (bench/decode_latency.py --tiles, H100 8B batch-1 step): 2 / 8 / 16 rows gave
 # 6.03 / 5.94 / 5.92 ms, although 2 rows led the sweep for the qkv shape alone (21.0 vs 21.5 us).
-# Module-level so that a benchmark can try others in the engine.
-TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
-SWIGLU_TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
+# Module-level so that a benchmark can try others in the engine. PREFETCH 1 keeps the next chunk's
+# weight load in flight while a chunk is multiplied (kernels/gemv.py's wide schedule; Triton does not
+# pipeline these loads itself): written in session 14 without device time to measure it in the
+# engine, so it is off until `bench/decode_latency.py --tiles PREFETCH=1/swiglu:PREFETCH=1` decides.
+TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
+SWIGLU_TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
 TILE_KEYS = tuple(TILES)
+
+
+@triton.jit
+def _weight_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
+    """Weight rows [BLOCK_N, 1] pointers -> their columns k0 .. k0 + BLOCK_K (0 past K)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -82,6 +92,7 @@ def _rms_norm_gemv_kernel(
     SWIGLU: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
@@ -101,6 +112,10 @@ def _rms_norm_gemv_kernel(
     if SWIGLU:
         w_up = tl.load(up_rows + k[None, :], mask=wk_mask, other=0.0)
     pdl_wait(PDL)
+    if PREFETCH:  # the second chunk's weights in flight while the first is multiplied
+        w_next = _weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
+        if SWIGLU:
+            w_up_next = _weight_chunk(up_rows, n_mask, BLOCK_K, K, BLOCK_K)
     hg, sum_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
     acc = w.to(tl.float32) * hg[None, :]  # gate rows under SwiGLU
     if SWIGLU:
@@ -108,13 +123,20 @@ def _rms_norm_gemv_kernel(
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
+        if PREFETCH:
+            w = w_next
+            w_next = _weight_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
+            if SWIGLU:
+                w_up = w_up_next
+                w_up_next = _weight_chunk(up_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
         hg, chunk_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
         sum_sq += chunk_sq
-        wk_mask = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(w_rows + k[None, :], mask=wk_mask, other=0.0)
+        if not PREFETCH:
+            w = _weight_chunk(w_rows, n_mask, k0, K, BLOCK_K)
         acc += w.to(tl.float32) * hg[None, :]
         if SWIGLU:
-            w_up = tl.load(up_rows + k[None, :], mask=wk_mask, other=0.0)
+            if not PREFETCH:
+                w_up = _weight_chunk(up_rows, n_mask, k0, K, BLOCK_K)
             acc_up += w_up.to(tl.float32) * hg[None, :]
     rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
     y = tl.sum(acc, axis=1) * rstd
@@ -171,7 +193,7 @@ def rms_norm_gemv(
     """(y, h): y = rms_norm(h) weight^T (+ bias) [1, N] (silu(gate) * up, [1, N/2], with swiglu);
     h = x + residual as a new tensor, or x itself when residual is None.
 
-    tiles overrides BLOCK_N, BLOCK_K, num_warps or num_stages (benchmark sweeps).
+    tiles overrides BLOCK_N, BLOCK_K, num_warps, num_stages or PREFETCH (benchmark sweeps, engine A/Bs).
     """
     check_norm_gemv_args(x, residual, norm_weight, weight, bias, swiglu)
     unknown = set(tiles or {}) - set(TILE_KEYS)

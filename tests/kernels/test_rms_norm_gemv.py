@@ -67,7 +67,8 @@ def test_rms_norm_gemv_without_bias_and_other_tiles(swiglu, device):
     """No bias, and tiles a sweep would try (more rows a program, narrower K chunks)."""
     x, res, norm_weight, weight, _ = _inputs(70, 700, torch.float32, device, residual=True, bias=False)
     expected, _ = _fp32_reference(x, res, norm_weight, weight, None, swiglu)
-    for tiles in ({}, {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4}):
+    # PREFETCH: the next chunk's weights in flight (K = 700 is 6 chunks of 128, the last one partial)
+    for tiles in ({}, {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 4}, {"BLOCK_K": 128, "PREFETCH": 1}):
         got, _ = rms_norm_gemv(x, res, norm_weight, EPS, weight, swiglu=swiglu, tiles=tiles)
         torch.testing.assert_close(got, expected, **one_token_tolerance(torch.float32, expected, 700))
 
