@@ -200,19 +200,12 @@ def rms_norm_qkv_rope(
     num_q_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token's (qkv [1, N] with q rotated, x + residual), rope(k) and v stored into kv_cache
-    [2, N_blocks, B, Hkv, D] at slot_mapping: rms_norm_linear then rope_store_kv, as one kernel where
-    fuses_qkv_rope says so, else as those two ops."""
-    if fuses_qkv_rope(x, weight):
-        from kernels.rms_norm_qkv_rope import rms_norm_qkv_rope as kernel
+    [2, N_blocks, B, Hkv, D] at slot_mapping, as one kernel. Only where fuses_qkv_rope says so: elsewhere
+    the layer runs rms_norm_linear and its attention's rope_store_kv."""
+    from kernels.rms_norm_qkv_rope import rms_norm_qkv_rope as kernel
 
-        return kernel(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, kv_cache[0],
-                      kv_cache[1], slot_mapping, num_q_heads)  # fmt: skip
-    qkv, residual = rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
-    q, k, v = qkv.split([num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=1)
-    rope_store_kv(q.view(-1, num_q_heads, head_dim), k.view(-1, num_kv_heads, head_dim),
-                  v.view(-1, num_kv_heads, head_dim), positions, cos_sin_cache, kv_cache, slot_mapping)  # fmt: skip
-    return qkv, residual
+    return kernel(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, kv_cache[0], kv_cache[1],
+                  slot_mapping, num_q_heads)  # fmt: skip
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
