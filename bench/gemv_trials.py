@@ -36,7 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from bench.gemv_sweep import L2_BYTES, SHAPES, _graph_us, _rotating  # noqa: E402
 from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
-from kernels.gemv import gemv  # noqa: E402
+from kernels.gemv import gemv, weight_chunk, x_tile  # noqa: E402
 
 # (BLOCK_N, BLOCK_K, PREFETCH, X2D, EARLY, num_warps)
 TRIALS = [(4, 512, 0, 0, 1, 8), (4, 512, 0, 1, 1, 8), (4, 512, 1, 0, 1, 8), (4, 512, 1, 1, 1, 8),
@@ -49,16 +49,10 @@ KEYS = ("BLOCK_N", "BLOCK_K", "PREFETCH", "X2D", "EARLY", "num_warps")
 def _x_chunk(x_ptr, n, k, k_mask, X2D: tl.constexpr):
     # NOTE: one return: Triton refuses a return under a constexpr if followed by another
     if X2D:
-        x = tl.load(x_ptr + k[None, :] + 0 * n[:, None], mask=k_mask[None, :], other=0.0).to(tl.float32)
+        x = x_tile(x_ptr, n, k, k_mask)  # kernels/gemv.py's layout
     else:
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]  # the layout it replaced
     return x
-
-
-@triton.jit
-def _w_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
-    k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -68,23 +62,23 @@ def _trial_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constex
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
-    w = _w_chunk(rows, n_mask, 0, K, BLOCK_K)
+    w = weight_chunk(rows, n_mask, 0, K, BLOCK_K)
     if PREFETCH and EARLY == 2:
-        w_next = _w_chunk(rows, n_mask, BLOCK_K, K, BLOCK_K)
+        w_next = weight_chunk(rows, n_mask, BLOCK_K, K, BLOCK_K)
     pdl_wait(PDL)
     if PREFETCH and EARLY == 1:
-        w_next = _w_chunk(rows, n_mask, BLOCK_K, K, BLOCK_K)
+        w_next = weight_chunk(rows, n_mask, BLOCK_K, K, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if PREFETCH:
-            w_after = _w_chunk(rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
+            w_after = weight_chunk(rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
         k = k0 + tl.arange(0, BLOCK_K)
         acc += w.to(tl.float32) * _x_chunk(x_ptr, n, k, k < K, X2D)
         if PREFETCH:
             w = w_next
             w_next = w_after
         else:
-            w = _w_chunk(rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
+            w = weight_chunk(rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
     tl.store(y_ptr + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 

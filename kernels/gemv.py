@@ -41,7 +41,7 @@ FEW_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
-def _x_chunk(x_ptr, n, k, k_mask):
+def x_tile(x_ptr, n, k, k_mask):
     """x[k] as a [BLOCK_N, BLOCK_K] tile in the weight tile's layout, fp32.
 
     Why not one [BLOCK_K] row broadcast: Triton loads that row in its own layout and moves it into
@@ -53,7 +53,9 @@ def _x_chunk(x_ptr, n, k, k_mask):
 
 
 @triton.jit
-def _w_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
+def weight_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
+    """Weight rows (a [BLOCK_N, 1] tensor of row pointers) -> their columns k0 .. k0 + BLOCK_K, 0 past K
+    and in masked-off rows (shared with kernels/rms_norm_gemv.py)."""
     k = k0 + tl.arange(0, BLOCK_K)
     return tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
 
@@ -86,18 +88,18 @@ def _gemv_kernel(
     w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
     pdl_wait(PDL)
     if PREFETCH:  # chunk k + 1 is in flight at the top of step k, k + 2 issued in it
-        w_next = _w_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
+        w_next = weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if PREFETCH:
-            w_after = _w_chunk(w_rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
+            w_after = weight_chunk(w_rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
         k = k0 + tl.arange(0, BLOCK_K)
-        acc += w.to(tl.float32) * _x_chunk(x_ptr, n, k, k < K)
+        acc += w.to(tl.float32) * x_tile(x_ptr, n, k, k < K)
         if PREFETCH:
             w = w_next
             w_next = w_after
         else:
-            w = _w_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
+            w = weight_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from kernels._launch import check_device, check_float, check_last_dim_contiguous
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
+from kernels.gemv import weight_chunk
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
@@ -52,13 +53,6 @@ from kernels.silu_and_mul import silu_and_mul_ref
 TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
 SWIGLU_TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
 TILE_KEYS = tuple(TILES)
-
-
-@triton.jit
-def _weight_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
-    """Weight rows [BLOCK_N, 1] pointers -> their columns k0 .. k0 + BLOCK_K (0 past K)."""
-    k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -113,9 +107,9 @@ def _rms_norm_gemv_kernel(
         w_up = tl.load(up_rows + k[None, :], mask=wk_mask, other=0.0)
     pdl_wait(PDL)
     if PREFETCH:  # the second chunk's weights in flight while the first is multiplied
-        w_next = _weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
+        w_next = weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
         if SWIGLU:
-            w_up_next = _weight_chunk(up_rows, n_mask, BLOCK_K, K, BLOCK_K)
+            w_up_next = weight_chunk(up_rows, n_mask, BLOCK_K, K, BLOCK_K)
     hg, sum_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
     acc = w.to(tl.float32) * hg[None, :]  # gate rows under SwiGLU
     if SWIGLU:
@@ -125,18 +119,18 @@ def _rms_norm_gemv_kernel(
         k_mask = k < K
         if PREFETCH:
             w = w_next
-            w_next = _weight_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
+            w_next = weight_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
             if SWIGLU:
                 w_up = w_up_next
-                w_up_next = _weight_chunk(up_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
+                w_up_next = weight_chunk(up_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
         hg, chunk_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
         sum_sq += chunk_sq
         if not PREFETCH:
-            w = _weight_chunk(w_rows, n_mask, k0, K, BLOCK_K)
+            w = weight_chunk(w_rows, n_mask, k0, K, BLOCK_K)
         acc += w.to(tl.float32) * hg[None, :]
         if SWIGLU:
             if not PREFETCH:
-                w_up = _weight_chunk(up_rows, n_mask, k0, K, BLOCK_K)
+                w_up = weight_chunk(up_rows, n_mask, k0, K, BLOCK_K)
             acc_up += w_up.to(tl.float32) * hg[None, :]
     rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
     y = tl.sum(acc, axis=1) * rstd

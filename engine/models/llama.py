@@ -81,7 +81,8 @@ class LlamaAttention(nn.Module):
         The norm and the qkv projection are one op (RMSNorm.project): one kernel at one token.
         """
         num_tokens = hidden.shape[0]
-        if self.qk_norm() is None and ops.fuses_qkv_rope(hidden, self.qkv_proj.weight):
+        qk_norm = self.qk_norm()
+        if qk_norm is None and ops.fuses_qkv_rope(hidden, self.qkv_proj.weight):
             # one token: norm, qkv, RoPE and the KV store as one kernel (engine.ops.QKV_ROPE_FUSION)
             qkv, residual = ops.rms_norm_qkv_rope(
                 hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias, positions,
@@ -94,7 +95,7 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         rotary = (positions, self.rotary_emb.cos_sin_cache)  # applied inside attn, fused with the KV store
-        out = self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary, self.qk_norm()))  # [T, Hq*D] -> [T, H]
+        out = self.o_proj(self.attn(q, k, v, kv_cache, meta, rotary, qk_norm))  # [T, Hq*D] -> [T, H]
         return out, residual
 
 
