@@ -16,9 +16,17 @@ earlier kernel on the stream completed too.
 The contract of every kernel here that takes a PDL flag:
 - `pdl_launch_dependents(PDL)` first, so that the next kernel's programs can be scheduled while
   this one's last programs run;
-- before `pdl_wait(PDL)` only loads of model weights (never written by a kernel during
-  inference), so that a projection's first weight tiles stream while the layer before finishes;
-- after it everything else: activations, the KV pool, metadata, and every store.
+- before `pdl_wait(PDL)` only loads of what no kernel of the step writes, so that they stream while
+  the kernels before finish:
+  - model weights and tables (the rotary cos/sin), never written during inference: a projection's
+    first weight tiles;
+  - the step's metadata (positions, slots, sequence lengths, block tables). The host stages it into
+    device buffers by copies and torch ops before the forward, whose first kernel (the embedding) is a
+    torch op launched without PDL, so all of it is complete before any PDL kernel of the step starts;
+  - in decode attention, the keys and values of the positions before each sequence's newest: stored by
+    earlier steps (a decode step writes one slot a sequence, its newest; no other sequence writes into
+    a block another reads, since only full blocks are shared);
+- after it everything else: activations, the newest K/V, and every store.
 Kernels launched without the flag (cuBLAS, torch ops) keep full stream order on both sides.
 
 CUDA graphs keep the dependency (stream capture records programmatic edges, CUDA >= 12.3).

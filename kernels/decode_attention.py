@@ -78,20 +78,42 @@ def _decode_kernel(
     BLOCK_P: tl.constexpr,  # NUM_SPLITS padded to a power of two
     P_CHUNK: tl.constexpr,
     MERGE_HERE: tl.constexpr,  # the last split merges (else _merge_splits_kernel runs after)
+    EARLY_FIRST_TILE: tl.constexpr,  # the first tile's earlier keys loaded before the PDL wait
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # Before the wait, only what no kernel of this step writes (kernels/_pdl.py): the step's metadata,
+    # and the keys and values of every position before the sequence's newest, which earlier steps
+    # stored. So the split's first tile streams in while the kernels before this one finish.
     seq_len = tl.load(seq_lens_ptr + seq)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    first_kpos = tile_lo * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_in_seq = (first_kpos < seq_len) & (tile_lo < tile_hi)
+    first_pages = tl.load(table + first_kpos // PAGE_SIZE, mask=first_in_seq, other=0).to(tl.int64)
+    first_offsets = first_kpos % PAGE_SIZE
+    # NOTE: only where the launcher says (reads_first_tile_early): holding the tile across the wait costs
+    # registers, which grids of many programs an SM pay in occupancy.
+    earlier = first_in_seq & (first_kpos < seq_len - 1) & EARLY_FIRST_TILE
+    k_first = load_kv_tile(k_cache_ptr, first_pages, first_offsets, kv_head, earlier, stride_kn, stride_kb,
+                           stride_kh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
+    v_first = load_kv_tile(v_cache_ptr, first_pages, first_offsets, kv_head, earlier, stride_vn, stride_vb,
+                           stride_vh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
+    pdl_wait(PDL)
+    # NOTE: the newest position's K/V come from this step's KV store (the kernel before): only now.
+    newest = first_in_seq & ((first_kpos == seq_len - 1) | (not EARLY_FIRST_TILE))
+    k_first = tl.where(newest[:, None], load_kv_tile(k_cache_ptr, first_pages, first_offsets, kv_head, newest,
+                       stride_kn, stride_kb, stride_kh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE), k_first)  # fmt: skip
+    v_first = tl.where(newest[:, None], load_kv_tile(v_cache_ptr, first_pages, first_offsets, kv_head, newest,
+                       stride_vn, stride_vb, stride_vh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE), v_first)  # fmt: skip
 
     g = tl.arange(0, BLOCK_G)
     head = kv_head * GROUP + g  # [BLOCK_G]
@@ -105,14 +127,16 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if tile_lo < tile_hi:
+        acc, m_i, l_i = attend_tile(q, k_first, v_first, first_in_seq[None, :], acc, m_i, l_i, qk_scale, True,
+                                    DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
-    for tile in range(tile_lo, tl.minimum(tile_hi, full_tiles)):
+    for tile in range(tile_lo + 1, tl.minimum(tile_hi, full_tiles)):
         k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, tile * BLOCK_N + tl.arange(0, BLOCK_N), kv_head,
                                stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
                                PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
         acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
-    for tile in range(tl.maximum(tile_lo, full_tiles), tile_hi):  # the last, partial tile
+    for tile in range(tl.maximum(tile_lo + 1, full_tiles), tile_hi):  # the last, partial tile
         kpos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         in_seq = kpos < seq_len
         pages = tl.load(table + kpos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
@@ -228,6 +252,21 @@ def choose_num_splits(
     return max(1, min(MAX_SPLITS, triton.cdiv(target, programs)))
 
 
+def reads_first_tile_early(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> bool:
+    """Whether programs load their first tile's keys before the PDL wait (kernels/_pdl.py), so that they
+    stream while the kernels before finish: only in split grids of at most 3 programs an SM.
+
+    Why: the held tile costs registers (160 against 126 at D = 128, bench/compile_check.py), so 3
+    programs fit an SM instead of 4. H100 (bench/results/h100/decode_path_session15/): with the early
+    tile everywhere, B = 1 L = 4k 14.7 -> 14.1 us and B = 16 L = 4k 97.1 -> 95.8 us, but the one-split
+    grids of B = 64 L = 2k and B = 256 L = 1k fell from 97% to 82% and 93% of read bandwidth. S * Hkv
+    <= SMs keeps a split grid (about PROGRAMS_PER_SM per SM, rounded up by less than one S * Hkv) within 3.
+    """
+    if num_splits == 1:
+        return False
+    return device.type != "cuda" or num_seqs * num_kv_heads <= num_sms(device)
+
+
 TILE_KEYS = ("BLOCK_N", "num_warps", "num_stages")
 
 
@@ -307,7 +346,9 @@ def paged_decode_attention(
         HEAD_DIM=head_dim, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_GROUP=triton.next_power_of_2(group), PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
         BLOCK_P=block_p, P_CHUNK=_merge_chunk(triton.next_power_of_2(group), block_d, block_p),
-        MERGE_HERE=merge == "last_split", DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        MERGE_HERE=merge == "last_split",
+        EARLY_FIRST_TILE=reads_first_tile_early(num_seqs, num_kv_heads, num_splits, q.device),
+        DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **config, **pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and merge == "kernel":

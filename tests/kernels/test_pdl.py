@@ -1,7 +1,8 @@
 """Programmatic dependent launch (kernels/_pdl.py): when it is on, and that a chain of dependent
 kernels launched with it, replayed from a CUDA graph on new inputs, gives bit for bit what the
 same kernels give launched in plain stream order (a kernel reading before its wait would read
-the previous replay's activations)."""
+the previous replay's activations). Decode attention reads the K/V of earlier positions before its
+wait: a chain of decode layers checks that it reads the newest token's only after."""
 
 from __future__ import annotations
 
@@ -98,3 +99,72 @@ def test_kernels_are_compiled_with_the_launch_attribute_only_when_on(pdl_setting
         gemv(x, w)
     compiled = _gemv_kernel.device_caches[torch.cuda.current_device()][0].values()
     assert {kernel.metadata.launch_pdl for kernel in compiled} >= {True, False}
+
+
+def _decode_layers(x, layers, batch, cos_sin, positions, slots, num_heads, num_kv_heads, head_dim):
+    """Decode layers of S sequences, one token each, over one pool: qkv projection (cuBLAS), RoPE + KV
+    store of the newest tokens, paged decode attention (launched with PDL after the store), o projection."""
+    from kernels.decode_attention import paged_decode_attention
+    from kernels.rope_store_kv import rope_store_kv
+
+    num_seqs = x.shape[0]
+    for w_qkv, w_o in layers:
+        qkv = x @ w_qkv.T  # [S, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=1)
+        q = q.reshape(num_seqs, num_heads, head_dim)
+        k = k.reshape(num_seqs, num_kv_heads, head_dim)
+        v = v.reshape(num_seqs, num_kv_heads, head_dim)
+        rope_store_kv(q, k, v, positions, cos_sin, batch.k_cache, batch.v_cache, slots)
+        out = paged_decode_attention(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                     head_dim**-0.5)  # fmt: skip
+        x = x + out.reshape(num_seqs, -1) @ w_o.T
+    return x
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+def test_decode_attention_reads_the_newest_kv_only_after_its_wait(pdl_setting, paged_batch):
+    """Every layer of every replay stores new K/V for each sequence's newest token; an attention that read
+    them before its wait would see the layer before's (or the previous replay's). The contexts put the
+    newest token first, last and inside a 64-key tile, in one-tile and two-tile splits."""
+    from tests.kernels.test_rope import cos_sin_cache
+
+    torch.manual_seed(0)
+    num_heads, num_kv_heads, head_dim, hidden, block_size = 32, 8, 64, 2048, 64
+    seq_lens = [1, 2, 64, 65, 130, 640]
+    num_seqs = len(seq_lens)
+    batch = paged_batch([1] * num_seqs, [n - 1 for n in seq_lens], num_heads, num_kv_heads, head_dim, block_size,
+                        torch.bfloat16)  # fmt: skip
+    layers = [
+        (
+            (torch.randn((num_heads + 2 * num_kv_heads) * head_dim, hidden, device="cuda") / hidden**0.5).bfloat16(),
+            (torch.randn(hidden, num_heads * head_dim, device="cuda") / hidden**0.5).bfloat16(),
+        )
+        for _ in range(6)
+    ]
+    positions = torch.tensor([n - 1 for n in seq_lens], device="cuda")
+    tables = batch.block_tables.long()
+    slots = tables[torch.arange(num_seqs, device="cuda"), positions // block_size] * block_size + positions % block_size
+    x = torch.randn(num_seqs, hidden, device="cuda").bfloat16()
+    args = (layers, batch, cos_sin_cache(head_dim, "cuda"), positions, slots, num_heads, num_kv_heads,
+            head_dim)  # fmt: skip
+
+    pdl_setting(True)
+    assert use_pdl(x.device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _decode_layers(x, *args)  # compile and allocate outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = _decode_layers(x, *args)
+
+    for _ in range(8):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        pdl_setting(False)
+        want = _decode_layers(x, *args)
+        pdl_setting(True)
+        torch.cuda.synchronize()
+        assert torch.isfinite(want).all() and torch.equal(out, want)

@@ -5,8 +5,12 @@ checked here, on any machine:
 
 - its first statement is `pdl_launch_dependents(PDL)`;
 - `pdl_wait(PDL)` comes once, as a statement of the kernel's own body (never inside a branch or loop);
-- before it, the only loads are of model weights (pointers rooted in WEIGHT_POINTERS), and there is
-  no store, atomic, or call of another kernel helper.
+- before it, the only loads are of what no kernel of the step writes: model weights (WEIGHT_POINTERS),
+  tables of the model (CONSTANT_TABLES) and the step's metadata, which the host stages before the step's
+  first kernel (STEP_METADATA), each followed through the kernel's local names; the only helpers called
+  are those that load such pointers (METADATA_HELPERS), and decode attention's `load_kv_tile` of the
+  positions before each sequence's newest (a key mask named `earlier`, built from `seq_len - 1`);
+  there is no store or atomic.
 
 And every launcher passes `pdl_options(...)` to each kernel that takes the flag, so that the PDL
 constexpr and Triton's launch attribute never disagree.
@@ -25,7 +29,15 @@ import pytest
 import kernels
 
 WEIGHT_POINTERS = {"w_ptr", "w_rows", "up_rows"}  # weights: never written by a kernel during inference
-# Calls allowed before the wait: index arithmetic and the weight loads themselves.
+CONSTANT_TABLES = {"cos_sin_ptr"}  # the rotary table: built at load, never written after
+# Staged by the host into the step's device buffers (engine/input_batch.py) before the step's first
+# kernel, which is a torch op launched without PDL: complete before any PDL kernel of the step starts.
+STEP_METADATA = {"pos_ptr", "slot_ptr", "seq_lens_ptr", "block_tables_ptr"}
+READABLE_BEFORE_WAIT = WEIGHT_POINTERS | CONSTANT_TABLES | STEP_METADATA
+# Helpers that load only their pointer arguments: allowed where every pointer they get is readable.
+METADATA_HELPERS = {"token_tile_slots", "load_cos_sin"}
+POOL_POINTERS = {"k_cache_ptr", "v_cache_ptr"}
+# Calls allowed before the wait: index arithmetic and the loads themselves.
 SAFE_CALLS = {"arange", "program_id", "num_programs", "zeros", "full", "cdiv", "minimum", "maximum", "to", "load"}
 
 
@@ -69,25 +81,53 @@ def test_every_kernel_but_prefill_attention_takes_part():
     assert not any("prefill_attention" in n for n in names)
 
 
+def _pointer_roots(node: ast.AST, aliases: dict[str, set[str]]) -> set[str]:
+    """The kernel arguments a pointer expression is built from, through earlier local assignments."""
+    roots: set[str] = set()
+    for name in (n.id for n in ast.walk(node) if isinstance(n, ast.Name)):
+        roots |= aliases.get(name, {name})
+    return {r for r in roots if r.endswith(("_ptr", "_rows"))}
+
+
 @pytest.mark.parametrize("module,name,func", PDL_KERNELS, ids=[f"{m.__name__}.{n}" for m, n, _ in PDL_KERNELS])
-def test_nothing_but_weights_is_touched_before_the_wait(module, name, func):
+def test_nothing_a_kernel_of_the_step_writes_is_touched_before_the_wait(module, name, func):
     body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     assert _is_call_of(body[0], "pdl_launch_dependents"), f"{name}: pdl_launch_dependents(PDL) must come first"
     waits = [i for i, s in enumerate(body) if _is_call_of(s, "pdl_wait")]
     nested = [n for n in ast.walk(func) if isinstance(n, ast.Call) and _call_name(n) == "pdl_wait"]
     assert len(waits) == 1 and len(nested) == 1, f"{name}: one pdl_wait(PDL), in the kernel's own body"
+    aliases: dict[str, set[str]] = {}
+    assignments: dict[str, str] = {}
     for statement in body[1 : waits[0]]:
         for node in ast.walk(statement):
             if not isinstance(node, ast.Call):
                 continue
             called = _call_name(node)
-            assert called in SAFE_CALLS, f"{name}: {called}() before pdl_wait (line {node.lineno})"
-            if called == "load":
-                roots = {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
-                pointers = {r for r in roots if r.endswith(("_ptr", "_rows"))}
-                assert pointers and pointers <= WEIGHT_POINTERS, (
-                    f"{name}: loads {sorted(pointers)} before pdl_wait (line {node.lineno}); only weights may be"
-                )
+            where = f"{name}: {called}() before pdl_wait (line {node.lineno})"
+            if called in METADATA_HELPERS:
+                pointers = set().union(*(_pointer_roots(a, aliases) for a in node.args))
+                assert pointers <= READABLE_BEFORE_WAIT, f"{where} reads {sorted(pointers)}"
+            elif called == "load_kv_tile":
+                # decode attention's first tile: positions before the newest, which earlier steps stored
+                pool = _pointer_roots(node.args[0], aliases)
+                assert pool <= POOL_POINTERS, f"{where} reads {sorted(pool)}"
+                mask = node.args[4]
+                assert isinstance(mask, ast.Name) and mask.id == "earlier", f"{where}: its key mask must be `earlier`"
+                assert "seq_len - 1" in assignments.get("earlier", ""), f"{name}: `earlier` must stop before the newest"
+            else:
+                assert called in SAFE_CALLS, where
+                if called == "load":
+                    pointers = _pointer_roots(node.args[0], aliases)
+                    assert pointers and pointers <= READABLE_BEFORE_WAIT, (
+                        f"{name}: loads {sorted(pointers)} before pdl_wait (line {node.lineno}); only weights, model "
+                        "tables and the step's metadata may be"
+                    )
+        if isinstance(statement, ast.Assign):
+            roots = _pointer_roots(statement.value, aliases)
+            for target in statement.targets:
+                for target_name in (n.id for n in ast.walk(target) if isinstance(n, ast.Name)):
+                    aliases[target_name] = roots
+                    assignments[target_name] = ast.unparse(statement.value)
 
 
 def test_every_launch_of_a_pdl_kernel_passes_pdl_options():
