@@ -73,8 +73,9 @@ def _store_kv_kernel(
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
+    # the slots before the wait: staged before the step's first kernel (kernels/_pdl.py)
     t, keep, cache_row = token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T)
+    pdl_wait(PDL)
     d = tl.arange(0, BLOCK_D)[None, None, :]
     for h0 in range(0, num_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]

@@ -88,7 +88,16 @@ def _rms_norm_qkv_rope_kernel(
     k_mask = k < K
     w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
     w_up = tl.load(up_rows + k[None, :], mask=k_mask[None, :], other=0.0)
+    # So are the token's position and slot, the step's metadata (staged before its first kernel).
+    pos = tl.load(pos_ptr).to(tl.int64)
+    slot = tl.load(slot_ptr).to(tl.int64)
     pdl_wait(PDL)
+    # NOTE: the cos/sin row is issued here, in flight during the loop, and not before the wait: it waits
+    # for the position, and a chain of loads there stalls a program that starts late (H100, 1B step:
+    # with it before the wait the fused step was 5 us slower than the unfused one, 1.110 vs 1.105 ms of GPU;
+    # here they are equal, 1.108-1.110 both: bench/results/h100/decode_path_session15/)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + j).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + j).to(tl.float32)
     hg, sum_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)
     acc = w.to(tl.float32) * hg[None, :]
     acc_up = w_up.to(tl.float32) * hg[None, :]
@@ -108,9 +117,6 @@ def _rms_norm_qkv_rope_kernel(
         a += tl.load(bias_ptr + n).to(tl.float32)
         b += tl.load(bias_ptr + n + HALF).to(tl.float32)
 
-    pos = tl.load(pos_ptr).to(tl.int64)
-    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + j).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + j).to(tl.float32)
     rotated_a = (a * cos - b * sin).to(qkv_ptr.dtype.element_ty)
     rotated_b = (b * cos + a * sin).to(qkv_ptr.dtype.element_ty)
     a = a.to(qkv_ptr.dtype.element_ty)
@@ -120,7 +126,6 @@ def _rms_norm_qkv_rope_kernel(
     tl.store(qkv_ptr + n + HALF, tl.where(is_q, rotated_b, b))
 
     # the pool: k heads rotated, v heads as projected
-    slot = tl.load(slot_ptr).to(tl.int64)
     is_k = (head >= num_q_heads) & (head < num_q_heads + num_kv_heads)
     is_v = head >= num_q_heads + num_kv_heads
     kv_head = tl.where(is_k, head - num_q_heads, head - num_q_heads - num_kv_heads)

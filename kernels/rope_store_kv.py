@@ -110,9 +110,11 @@ def _rope_store_kv_kernel(
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
+    # Before the wait (kernels/_pdl.py): the tokens' slots and positions, staged before the step's first
+    # kernel, and their cos/sin rows, a table no kernel writes; q, k and v come from the kernel before.
     t, keep, cache_row = token_tile_slots(slot_ptr, num_tokens, block_size, stride_cn, stride_cb, BLOCK_T)
     cos, sin = load_cos_sin(pos_ptr, cos_sin_ptr, t, num_tokens, stride_cos_sin, HALF, BLOCK_HALF)
+    pdl_wait(PDL)
     d = tl.arange(0, BLOCK_HALF)[None, None, :]
     tok = t[:, None, None]
     # q in place: rope.py's rotate_heads_in_place, with the heads normalized on load when HAS_QK_NORM
