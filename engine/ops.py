@@ -122,8 +122,12 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor, min_features: int | None = 
     return min(weight.shape) >= (gemv_min_features(x.device) if min_features is None else min_features)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[T, K] -> [T, N]: F.linear (cuBLAS), or kernels/gemv.py for one token and a large weight.
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """[T, K] -> [T, N]: F.linear (cuBLAS), or kernels/gemv.py for one token and a large weight. out_dtype
+    (default x's): the result rounded to x's dtype and stored as this one; the kernel stores it so itself,
+    with no cast kernel after it (the LM head's fp32 logits: one kernel fewer at batch-1 decode).
 
     NOTE: dispatch by measurement (H100, batch-1 decode with CUDA graphs, session 6): with every
     Llama-3.1-8B projection on the kernel the step went from 6.17 to 5.99 ms; with the 3.2-1B
@@ -136,8 +140,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if uses_gemv(x, weight):
         from kernels.gemv import gemv
 
-        return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return gemv(x, weight, bias, out_dtype=out_dtype)
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 def rms_norm_linear(

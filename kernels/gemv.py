@@ -103,7 +103,8 @@ def _gemv_kernel(
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    # NOTE: rounded to x's dtype first, as F.linear rounds, also where y is wider (fp32 logits)
+    tl.store(y_ptr + n, y.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 def gemv_tiles(num_out: int, sms: int) -> dict:
@@ -114,9 +115,16 @@ def gemv_tiles(num_out: int, sms: int) -> dict:
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, tiles: dict | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+    tiles: dict | None = None,
 ) -> torch.Tensor:
-    """y [1, N] = x [1, K] weight[N, K]^T (+ bias). tiles overrides BLOCK_K or PREFETCH (tests, sweeps)."""
+    """y [1, N] = x [1, K] weight[N, K]^T (+ bias), rounded to x's dtype and stored as out_dtype (default
+    x's): F.linear(x, weight, bias).to(out_dtype) without the cast's kernel (the LM head's fp32 logits).
+    tiles overrides BLOCK_K or PREFETCH (tests, sweeps)."""
     check_device(_gemv_kernel, "x, weight and bias", x, weight, *([bias] if bias is not None else []))
     check_float("x", x)
     if x.dim() != 2 or x.shape[0] != 1:
@@ -135,7 +143,9 @@ def gemv(
     if unknown:
         raise ValueError(f"tiles may set only {sorted(config)}, got {sorted(unknown)}")
     config.update(tiles or {})
-    y = torch.empty(1, num_out, device=x.device, dtype=x.dtype)
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
+    y = torch.empty(1, num_out, device=x.device, dtype=out_dtype or x.dtype)
     _gemv_kernel[(triton.cdiv(num_out, BLOCK_N),)](
         x, weight, bias if bias is not None else weight, y, num_out, num_in, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, **config,
@@ -144,5 +154,8 @@ def gemv(
     return y
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
+def gemv_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)

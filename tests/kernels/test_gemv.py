@@ -55,6 +55,23 @@ def test_gemv_matches_linear(shape, with_bias, dtype, schedule, device):
     torch.testing.assert_close(got.float(), expected, **_tolerance(dtype, expected, num_in))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp32_output_is_the_rounded_result_widened(dtype, device):
+    """out_dtype=fp32 (the LM head's logits): what F.linear(...).float() gives, the result rounded to x's
+    dtype and then widened, with no cast kernel: bit for bit the 16-bit output widened."""
+    num_out, num_in = (128256, 2048) if ON_GPU else (70, 600)
+    x = torch.randn(1, num_in, device=device).to(dtype)
+    weight = (torch.randn(num_out, num_in, device=device) / num_in**0.5).to(dtype)
+    wide = gemv(x, weight, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, gemv(x, weight).float())
+    expected = gemv_ref(x.float(), weight.float())
+    torch.testing.assert_close(wide, expected, **_tolerance(dtype, expected, num_in))
+    assert torch.equal(ops.linear(x, weight, out_dtype=torch.float32), wide) or not ops.uses_gemv(x, weight)
+    with pytest.raises(ValueError, match="out_dtype must be a floating dtype"):
+        gemv(x, weight, out_dtype=torch.int32)
+
+
 def test_gemv_refuses_what_it_does_not_do(device):
     weight = torch.randn(8, 16, device=device)
     with pytest.raises(ValueError, match="single token"):

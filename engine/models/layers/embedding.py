@@ -43,4 +43,4 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return ops.linear(hidden, self.weight).float()  # [S, H] -> [S, V]
+        return ops.linear(hidden, self.weight, out_dtype=torch.float32)  # [S, H] -> [S, V]
