@@ -60,9 +60,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
                              "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
     parser.add_argument(
         "--fused-qkv-rope",
-        action="store_true",
+        choices=("on", "off"),
+        default=None,
         help="engine.ops.QKV_ROPE_FUSION: the pre-norm, qkv projection, RoPE and KV store as one kernel at one "
-        "token (kernels/rms_norm_qkv_rope.py; off by default until measured)",
+        "token (kernels/rms_norm_qkv_rope.py); default: the engine's (on)",
     )
     parser.add_argument(
         "--pdl",
@@ -84,8 +85,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
         ops.NORM_GEMV_MIN_FEATURES = args.norm_gemv_min_features
     if args.swiglu_gemv_max_features is not None:
         ops.SWIGLU_GEMV_MAX_FEATURES = args.swiglu_gemv_max_features
-    if args.fused_qkv_rope:
-        ops.QKV_ROPE_FUSION = True
+    if args.fused_qkv_rope is not None:
+        ops.QKV_ROPE_FUSION = args.fused_qkv_rope == "on"
     return args
 
 

@@ -104,9 +104,9 @@ GEMV_MIN_FEATURES_PDL = 2048
 NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
 SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden size K is at most this
 # The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py).
-# NOTE: off until an engine A/B on a GPU decides it (session 14 wrote it without device time left to
-# measure it); bench/decode_latency.py --fused-qkv-rope turns it on for a run.
-QKV_ROPE_FUSION = False
+# H100, Llama-3.2-1B batch-1 GPU step, same call: 1.128 / 1.127 -> 1.106 ms (bench/results/h100/
+# decode_path_session15/); bench/decode_latency.py --fused-qkv-rope on|off for an A/B.
+QKV_ROPE_FUSION = True
 
 
 def gemv_min_features(device: torch.device) -> int:

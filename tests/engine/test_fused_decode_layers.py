@@ -89,6 +89,9 @@ def _fused_run_matches_the_reference(kind: str, tiny_ckpt, monkeypatch, seed: in
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, q/k norms
 def test_fused_one_token_layers_give_the_reference_tokens(kind: str, tiny_ckpt, monkeypatch) -> None:
+    """The norm-fused projections with RoPE + KV store as their own kernel (QKV_ROPE_FUSION off: the path
+    Qwen3 and engines with it off take)."""
+    monkeypatch.setattr(ops, "QKV_ROPE_FUSION", False)
     calls = _fused_run_matches_the_reference(kind, tiny_ckpt, monkeypatch, 13, (kernels.rms_norm_gemv, "rms_norm_gemv"))
     assert calls, "no one-token step went through the fused kernel"
 

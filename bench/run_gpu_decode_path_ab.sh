@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call for changes of the batch-1 decode path (session 15: decode attention's first tile and
+# the qkv kernels' metadata loaded before the PDL wait, the LM head writing fp32 logits itself, RoPE and
+# the KV store inside the qkv projection by default). PHASES (default "tests mutation kernels decode")
+# picks what runs:
+#   tests     the GPU tests of TEST_PATHS (default: the kernels touched, PDL, the engine's GPU parity)
+#   mutation  the PDL early-read test against a copy of this tree whose decode attention reads the newest
+#             token's K/V before its wait only: the test must fail (rc 1), or it could not catch that race
+#   kernels   the decode attention suite of bench.kernels for BASE and this tree
+#   decode    bench.decode_latency for each of VARIANTS="name|tree|args; ..." in order (tree: . or BASE)
+# BASE (default build/base): git archive REV engine kernels bench | tar -x -C build/base; carry build.
+# Needs artifacts/smollm2-tokenizer and .whl (bench/gpu_carry.sh). Writes everything under $OUT/ab and
+# prints the tables' rows.
+set -uo pipefail
+PHASES="${PHASES:-tests mutation kernels decode}"
+source bench/gpu_ab_prelude.sh
+
+has tests && gpu_tests "tests/kernels/test_pdl.py tests/kernels/test_pdl_contract.py tests/kernels/test_attention.py
+    tests/kernels/test_gemv.py tests/kernels/test_rms_norm_qkv_rope.py tests/kernels/test_rope_store_kv.py
+    tests/kernels/test_kv_store.py tests/engine/test_fused_decode_layers.py tests/engine/test_gpu_parity.py
+    tests/engine/test_cuda_graphs.py" "${TESTS_TIMEOUT_S:-240}"
+
+if has mutation; then
+    mutant=/tmp/mutant
+    rm -rf "$mutant" && mkdir -p "$mutant" && cp -r kernels engine tests pyproject.toml "$mutant"/
+    sed -i -e 's/^    earlier = first_in_seq & (first_kpos < seq_len - 1)$/    earlier = first_in_seq/' \
+        -e 's/^    newest = first_in_seq & (first_kpos == seq_len - 1)$/    newest = first_in_seq \& (first_kpos < 0)/' \
+        "$mutant/kernels/decode_attention.py"
+    grep -c -E '^    (earlier = first_in_seq$|newest = first_in_seq & \(first_kpos < 0\))' "$mutant/kernels/decode_attention.py" \
+        | sed 's/^/mutated lines: /'
+    (cd "$mutant" && PYTHONPATH="$mutant:${PYTHONPATH:-}" timeout 150 python3 -m pytest -q -p no:cacheprovider \
+        tests/kernels/test_pdl.py -k newest) >"$R/mutation.log" 2>&1
+    echo "mutation (newest K/V read before the wait only): test rc $? (1: caught); $(tail -1 "$R/mutation.log")"
+fi
+
+if has kernels; then
+    for side in base new; do
+        tree=.; [ "$side" = base ] && tree="$BASE"
+        out_abs="$(cd "$R" && pwd)/kernels_$side"
+        (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 150 python3 -m bench.kernels --suites decode \
+            --out "$out_abs") >"$R/kernels_$side.log" 2>&1
+        echo "== decode attention, $side, rc $?"
+        grep -E '^\| [0-9]+ \| [0-9]+ \|' "$out_abs/kernels.md"
+    done
+fi
+
+if has decode; then
+    IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS}"
+    for variant in "${variants[@]}"; do
+        IFS='|' read -r name tree args <<<"$variant"
+        name="${name// /}" tree="${tree// /}"
+        out_abs="$(cd "$R" && pwd)/$name"
+        # shellcheck disable=SC2086  # args is a list of flags
+        (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${DECODE_TIMEOUT_S:-100}" python3 -m bench.decode_latency \
+            --skip-hf $args --out "$out_abs") >"$R/$name.log" 2>&1
+        echo "== $name ($tree $args) rc $?"
+        grep -E '^\| Llama' "$R/$name.log" | grep -E 'CUDA graphs \||\| [0-9]+ \| [0-9]+ \|' | tail -4
+    done
+fi
+tar -C "$OUT" -czf "$OUT/ab.tgz" ab && rm -rf "$R"
