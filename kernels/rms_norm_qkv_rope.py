@@ -17,7 +17,8 @@ unfused pair rounds y to the dtype before it rotates; this kernel rotates y in f
 
 Why: at one token RoPE + KV store is a kernel of its own, ~2.9 us a layer on an H100 of which nearly
 all is launch and latency (bench/results/h100/kernels_small_pdl_session10.md, T = 1), and the
-rotation only needs, for each output row, its partner HALF rows away.
+rotation only needs, for each output row, its partner HALF rows away. Measured in the engine (H100,
+Llama-3.2-1B batch-1 GPU step, same call): 1.128 -> 1.106 ms (bench/results/h100/decode_path_session15/).
 
 Kernel: as rms_norm_gemv.py with SwiGLU's two row sets, but a program's row sets are BLOCK_N rows
 of one head's first half and their partners HALF rows below, so that each program holds whole
