@@ -1,7 +1,9 @@
 # Sourced (from the repo root) by the device-call A/B scripts after they set PHASES' default: the result
 # folder $R ($OUT/ab), bench/gpu_env.sh, the GPU and versions into $R/gpu.txt, $here (this tree first on
 # PYTHONPATH), has PHASE, and gpu_tests DEFAULT_PATHS DEFAULT_TIMEOUT_S (TEST_PATHS and TESTS_TIMEOUT_S
-# override them), which runs the GPU tests into $R/tests.log and prints their summary.
+# override them), which runs the GPU tests into $R/tests.log and prints their summary, and
+# decode_variants, which runs bench.decode_latency for each of VARIANTS="name|tree|args; ..." in order
+# (tree: . or an earlier tree; args: its flags) into $R/<name> and prints each one's table rows.
 OUT="${OUT:-bench/results/tmp}"
 R="$OUT/ab"
 BASE="${BASE:-build/base}"
@@ -17,4 +19,18 @@ gpu_tests() {
     PYTHONPATH="$here" timeout "${TESTS_TIMEOUT_S:-$2}" python3 -m pytest -q -p no:cacheprovider -n 8 "${tests[@]}" \
         >"$R/tests.log" 2>&1
     echo "tests rc $?: $(tail -1 "$R/tests.log")"
+}
+decode_variants() {
+    local variants variant name tree args out_abs
+    IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS}"
+    for variant in "${variants[@]}"; do
+        IFS='|' read -r name tree args <<<"$variant"
+        name="${name// /}" tree="${tree// /}"
+        out_abs="$(cd "$R" && pwd)/$name"
+        # shellcheck disable=SC2086  # args is a list of flags
+        (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${DECODE_TIMEOUT_S:-100}" python3 -m bench.decode_latency \
+            --skip-hf $args --out "$out_abs") >"$R/$name.log" 2>&1
+        echo "== $name ($tree $args) rc $?"
+        grep -E '^\| Llama' "$R/$name.log" | grep -E 'CUDA graphs \||\| [0-9]+ \| [0-9]+ \|' | tail -4
+    done
 }

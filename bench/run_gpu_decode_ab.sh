@@ -11,27 +11,10 @@
 # Needs artifacts/smollm2-tokenizer and .whl (bench/gpu_carry.sh). Writes $OUT/ab.tgz (every result
 # and log) and prints each variant's table rows.
 set -uo pipefail
-OUT="${OUT:-bench/results/tmp}"
-R="$OUT/ab"
-mkdir -p "$R"
-source bench/gpu_env.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
+source bench/gpu_ab_prelude.sh
 
-read -r -a tests <<<"${TEST_PATHS:-tests/kernels/test_rms_norm_gemv.py tests/engine/test_fused_decode_layers.py tests/engine/test_gpu_parity.py}"
-PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 150 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" >"$R/tests.log" 2>&1
-echo "tests rc $?: $(tail -1 "$R/tests.log")"
-
-IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS}"
-for variant in "${variants[@]}"; do
-    IFS='|' read -r name tree args <<<"$variant"
-    name="${name// /}" tree="${tree// /}"
-    out_abs="$(cd "$R" && pwd)/$name"
-    # shellcheck disable=SC2086  # args is a list of flags
-    (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${DECODE_TIMEOUT_S:-100}" python3 -m bench.decode_latency \
-        --skip-hf $args --out "$out_abs") >"$R/$name.log" 2>&1
-    echo "== $name ($tree $args) rc $?"
-    grep -E '^\| Llama' "$R/$name.log" | grep -E 'CUDA graphs \||\| [0-9]+ \| [0-9]+ \|' | tail -4
-done
+gpu_tests "tests/kernels/test_rms_norm_gemv.py tests/engine/test_fused_decode_layers.py tests/engine/test_gpu_parity.py" 150
+decode_variants
 
 if [ "${SWEEP:-1}" = 1 ]; then
     OUT="$R" PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${SWEEP_TIMEOUT_S:-170}" python3 -m bench.fused_gemv_sweep \

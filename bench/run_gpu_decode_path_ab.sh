@@ -44,17 +44,5 @@ if has kernels; then
     done
 fi
 
-if has decode; then
-    IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS}"
-    for variant in "${variants[@]}"; do
-        IFS='|' read -r name tree args <<<"$variant"
-        name="${name// /}" tree="${tree// /}"
-        out_abs="$(cd "$R" && pwd)/$name"
-        # shellcheck disable=SC2086  # args is a list of flags
-        (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${DECODE_TIMEOUT_S:-100}" python3 -m bench.decode_latency \
-            --skip-hf $args --out "$out_abs") >"$R/$name.log" 2>&1
-        echo "== $name ($tree $args) rc $?"
-        grep -E '^\| Llama' "$R/$name.log" | grep -E 'CUDA graphs \||\| [0-9]+ \| [0-9]+ \|' | tail -4
-    done
-fi
+has decode && decode_variants
 tar -C "$OUT" -czf "$OUT/ab.tgz" ab && rm -rf "$R"
