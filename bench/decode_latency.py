@@ -58,6 +58,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiles", default="",
                         help="tiles of kernels/rms_norm_gemv.py in the engine, e.g. 'BLOCK_N=4,num_warps=8' "
                              "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
+    parser.add_argument("--qkv-rope-tiles", default="",
+                        help="tiles of kernels/rms_norm_qkv_rope.py in the engine, e.g. 'BLOCK_K=1024,num_warps=8'")
     parser.add_argument(
         "--fused-qkv-rope",
         choices=("on", "off"),
@@ -73,6 +75,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     _set_norm_gemv_tiles(args.tiles)
+    _set_qkv_rope_tiles(args.qkv_rope_tiles)
     if args.pdl is not None:
         from kernels._pdl import set_pdl
 
@@ -90,17 +93,29 @@ def _parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _set_tiles(target: dict, spec: str, flag: str) -> None:
+    """'BLOCK_N=4,num_warps=8' -> target's entries (a kernel module's TILES, for an engine A/B)."""
+    for item in filter(None, spec.split(",")):
+        key, value = item.split("=")
+        if key not in target:
+            raise SystemExit(f"{flag}: unknown key {key!r}; known: {tuple(target)}")
+        target[key] = int(value)
+
+
 def _set_norm_gemv_tiles(spec: str) -> None:
     """'BLOCK_N=4,num_warps=8/swiglu:BLOCK_N=4' -> kernels.rms_norm_gemv's TILES / SWIGLU_TILES (an engine A/B)."""
     import kernels.rms_norm_gemv as fused
 
     for part in filter(None, spec.split("/")):
         target = fused.SWIGLU_TILES if part.startswith("swiglu:") else fused.TILES
-        for item in part.removeprefix("swiglu:").split(","):
-            key, value = item.split("=")
-            if key not in fused.TILE_KEYS:
-                raise SystemExit(f"--tiles: unknown key {key!r}; known: {fused.TILE_KEYS}")
-            target[key] = int(value)
+        _set_tiles(target, part.removeprefix("swiglu:"), "--tiles")
+
+
+def _set_qkv_rope_tiles(spec: str) -> None:
+    """'BLOCK_K=1024,num_warps=8' -> kernels.rms_norm_qkv_rope's TILES (an engine A/B)."""
+    import kernels.rms_norm_qkv_rope as fused
+
+    _set_tiles(fused.TILES, spec, "--qkv-rope-tiles")
 
 
 def _engine(directory: Path, device, dry_run: bool):

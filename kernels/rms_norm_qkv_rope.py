@@ -42,6 +42,8 @@ from kernels.rope_store_kv import rope_store_kv_ref
 
 # 4 rows of a head's first half and their 4 partners a program: the 8 rows a program of
 # rms_norm_gemv.py's default tile streams, so both launch as many programs for a qkv weight.
+# NOTE: BLOCK_K 1024 with 8 warps measured 10 us faster a 1B step and 48 us slower an 8B step (H100,
+# single runs, bench/results/h100/decode_path_session15/); unconfirmed, so the tile stays.
 TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4}
 TILE_KEYS = tuple(TILES)
 
