@@ -21,6 +21,10 @@ H100 the last-split merge measured 15.2 / 101.1 / 97.1 us against the second ker
 bench/results/h100/kernels.md), so it is the default; it also saves the engine one
 launch per layer. P is chosen from the
 SM count: enough programs for about two per SM, one when S * Hkv already fills the GPU.
+With PDL, where programs are few (reads_first_tile_early), each program loads its first
+tile's keys and values before griddepcontrol.wait, all but the newest position's, which this
+step's KV store writes; that row is loaded after the wait (kernels/_pdl.py says why the rest is
+safe to read early).
 NOTE: the counters are kernels._launch.ticket_counters (zero between kernels, one buffer
 per device and stream).
 """
