@@ -67,7 +67,8 @@ def test_fp32_output_is_the_rounded_result_widened(dtype, device):
     assert torch.equal(wide, gemv(x, weight).float())
     expected = gemv_ref(x.float(), weight.float())
     torch.testing.assert_close(wide, expected, **_tolerance(dtype, expected, num_in))
-    assert torch.equal(ops.linear(x, weight, out_dtype=torch.float32), wide) or not ops.uses_gemv(x, weight)
+    if ops.uses_gemv(x, weight):  # the engine's LM head takes the kernel (on CUDA)
+        assert torch.equal(ops.linear(x, weight, out_dtype=torch.float32), wide)
     with pytest.raises(ValueError, match="out_dtype must be a floating dtype"):
         gemv(x, weight, out_dtype=torch.int32)
 
