@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from bench.kernel_math import decode_kv_bytes, prefill_flops
 from bench.kernel_timing import Bench, gbps, tflops
 from engine.config import CacheConfig
-from kernels.decode_attention import DEFAULT_MERGE, MERGES, choose_num_splits, paged_decode_attention
+from kernels.decode_attention import MERGES, choose_merge, choose_num_splits, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 
 # The engine's block size unless a run asks for another (bench.kernels --block-size): the kernels
@@ -142,8 +142,9 @@ def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_di
             "inferq_gbps": gbps(nbytes, ms),
             "inferq_timing": timing,
         }
-        if row["splits"] > 1:  # the other merge, same inputs: the data behind DEFAULT_MERGE
-            other = next(m for m in MERGES if m != DEFAULT_MERGE)
+        if row["splits"] > 1:  # the other merge, same inputs: the data behind choose_merge
+            row["merge"] = choose_merge(head_dim)
+            other = next(m for m in MERGES if m != row["merge"])
 
             def ours_other(q, k_cache, v_cache, block_tables, seq_lens, other=other):
                 return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, merge=other)

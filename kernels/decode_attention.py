@@ -14,12 +14,11 @@ the sequence's BLOCK_N key tiles (computed on the device from seq_lens, so the l
 needs no host sync and is CUDA-graph safe). With P = 1 the program writes the output.
 Otherwise it writes its normalized partial output and log-sum-exp, then takes a ticket
 from an atomic counter of its (sequence, KV head); the program that draws the last
-ticket merges the P parts of the group's G heads, weighted by exp2(lse_p - max lse),
-and puts the counter back to 0 (merge="kernel" instead runs a second kernel). On an
-H100 the last-split merge measured 15.2 / 101.1 / 97.1 us against the second kernel's
-15.7 / 101.9 / 98.7 us at B = 1 L = 4k / B = 1 L = 64k / B = 16 L = 4k (same run,
-bench/results/h100/kernels.md), so it is the default; it also saves the engine one
-launch per layer. P is chosen from the
+ticket merges the parts of the group's G heads, weighted by exp2(lse_p - max lse),
+and puts the counter back to 0 (merge="kernel" instead runs a second kernel). Splits left
+without keys (a context shorter than P tiles) write no part and draw no ticket there: the
+last of the splits that hold keys merges theirs. Which merge runs depends on the head dim
+(choose_merge). P is chosen from the
 SM count: enough programs for about two per SM, one when S * Hkv already fills the GPU.
 With PDL, where programs are few (reads_first_tile_early), each program loads its first
 tile's keys and values before griddepcontrol.wait, all but the newest position's, which this
@@ -45,7 +44,8 @@ from kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
 MERGES = ("last_split", "kernel")
-DEFAULT_MERGE = "last_split"
+DEFAULT_MERGE: str | None = None  # None: choose_merge's rule; one of MERGES forces it (benchmark A/Bs)
+KERNEL_MERGE_MAX_HEAD_DIM = 64
 INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
 PROGRAMS_PER_SM = 2
 
@@ -99,6 +99,11 @@ def _decode_kernel(
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    # The splits that hold keys (at least one, so that a sequence without keys still gets its output, 0).
+    # With the last-split merge the others write no part and draw no ticket: a short context over a
+    # grid sized for the GPU leaves most splits empty (batch 1 at 400 keys: 7 of 33).
+    used_splits = tl.maximum(tl.cdiv(num_tiles, tl.maximum(tiles_per_split, 1)), 1)
+    writes_part = (split < used_splits) | (not MERGE_HERE)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     first_kpos = tile_lo * BLOCK_N + tl.arange(0, BLOCK_N)
     first_in_seq = (first_kpos < seq_len) & (tile_lo < tile_hi)
@@ -125,13 +130,14 @@ def _decode_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     q_rows = seq.to(tl.int64) * stride_qs + head * stride_qh
-    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    has_tiles = tile_lo < tile_hi
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=g_mask[:, None] & d_mask[None, :] & has_tiles, other=0.0)
     q = q.to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if tile_lo < tile_hi:
+    if has_tiles:
         acc, m_i, l_i = attend_tile(q, k_first, v_first, first_in_seq[None, :], acc, m_i, l_i, qk_scale, True,
                                     DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
@@ -161,7 +167,7 @@ def _decode_kernel(
         out_rows = (seq * num_heads + head).to(tl.int64) * HEAD_DIM
         tl.store(out_ptr + out_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=g_mask[:, None] & d_mask[None, :])  # fmt: skip
-    else:
+    elif writes_part:
         part = (seq * num_heads + head).to(tl.int64) * NUM_SPLITS + split  # [BLOCK_G]
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + d[None, :], out, mask=g_mask[:, None])
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
@@ -172,10 +178,10 @@ def _decode_kernel(
             tl.debug_barrier()
             counter = counter_ptr + seq * tl.num_programs(1) + kv_head
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:
+            if ticket == used_splits - 1:
                 first_row = (seq * num_heads + kv_head * GROUP).to(tl.int64)
-                merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, first_row, HEAD_DIM, BLOCK_D, NUM_SPLITS,
-                                 BLOCK_P, GROUP, BLOCK_GROUP, P_CHUNK)  # fmt: skip
+                merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, first_row, used_splits, HEAD_DIM, BLOCK_D,
+                                 NUM_SPLITS, BLOCK_P, GROUP, BLOCK_GROUP, P_CHUNK)  # fmt: skip
                 tl.atomic_xchg(counter, 0)  # ready for the next call
 
 
@@ -185,6 +191,7 @@ def merge_split_rows(
     part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
     out_ptr,  # [S, Hq, D] contiguous
     first_row,  # sequence * Hq + first query head of the rows
+    num_parts,  # the rows' parts 0..num_parts-1 are merged (the splits that hold keys)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -201,7 +208,7 @@ def merge_split_rows(
     rows = first_row + r  # [R]
     r_mask = (r < ROWS)[:, None]
     p = tl.arange(0, BLOCK_P)
-    lse = tl.load(part_lse_ptr + rows[:, None] * NUM_SPLITS + p[None, :], mask=r_mask & (p < NUM_SPLITS)[None, :],
+    lse = tl.load(part_lse_ptr + rows[:, None] * NUM_SPLITS + p[None, :], mask=r_mask & (p < num_parts)[None, :],
                   other=float("-inf"), cache_modifier=".cg")  # fmt: skip
     lse_max = tl.max(lse, axis=1)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights 0, not NaN
@@ -210,7 +217,7 @@ def merge_split_rows(
     acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
     for c in tl.static_range(0, BLOCK_P, P_CHUNK):
         pc = c + tl.arange(0, P_CHUNK)
-        chunk_mask = r_mask & (pc < NUM_SPLITS)[None, :]  # [R, C]
+        chunk_mask = r_mask & (pc < num_parts)[None, :]  # [R, C]
         part = rows[:, None] * NUM_SPLITS + pc[None, :]  # [R, C]
         lse_c = tl.load(part_lse_ptr + part, mask=chunk_mask, other=float("-inf"), cache_modifier=".cg")
         parts = tl.load(part_out_ptr + (part * BLOCK_D)[:, :, None] + d[None, None, :], mask=chunk_mask[:, :, None],
@@ -236,8 +243,8 @@ def _merge_splits_kernel(
     """merge="kernel": one program per (sequence, query head) after the decode kernel."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
-    merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), HEAD_DIM, BLOCK_D,
-                     NUM_SPLITS, BLOCK_P, 1, 1, P_CHUNK)  # fmt: skip
+    merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), NUM_SPLITS, HEAD_DIM,
+                     BLOCK_D, NUM_SPLITS, BLOCK_P, 1, 1, P_CHUNK)  # fmt: skip
 
 
 def choose_num_splits(
@@ -254,6 +261,23 @@ def choose_num_splits(
     programs = num_seqs * num_kv_heads
     target = programs_per_sm * num_sms(device)
     return max(1, min(MAX_SPLITS, triton.cdiv(target, programs)))
+
+
+def choose_merge(head_dim: int) -> str:
+    """Where split parts are merged: a second kernel at head dims up to KERNEL_MERGE_MAX_HEAD_DIM,
+    the last split above (DEFAULT_MERGE, when set, instead).
+
+    H100, batch-1 decode, same calls (bench/results/h100/decode_merge_session16/): at D = 64
+    (Llama-3.2-1B) the second kernel gave a 1.057 ms GPU step against 1.086-1.087 for the last
+    split, and took 0.8-1.5 us off the kernel at L = 128..4k; at D = 128 (Llama-3.1-8B) it gave
+    5.580 ms against 5.542, and the kernel bench has it 0.7 us slower at B = 1 L = 4k and 16 us at
+    B = 16 L = 4k. Eager, the last split's merge adds ~3 us to its kernel at both head dims (ticket,
+    then the parts from L2 in one program a group), the second kernel costs 2.3 us at D = 64 and
+    3.1 us at D = 128 (a program a query head over twice the width).
+    """
+    if DEFAULT_MERGE is not None:
+        return DEFAULT_MERGE
+    return "kernel" if head_dim <= KERNEL_MERGE_MAX_HEAD_DIM else "last_split"
 
 
 def reads_first_tile_early(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> bool:
@@ -305,14 +329,14 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     tiles: dict | None = None,
-    merge: str = DEFAULT_MERGE,
+    merge: str | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence q [S, Hq, D] over its paged K/V -> new tensor [S, Hq, D].
 
     num_splits overrides the context split count (tests and benchmarks); None picks it
     from the batch and the SM count. tiles overrides BLOCK_N, num_warps or num_stages.
     merge: where split parts are merged, "last_split" (the decode kernel's last program
-    of each group) or "kernel" (a second kernel); see MERGES.
+    of each group) or "kernel" (a second kernel); see MERGES. None: choose_merge(D).
     """
     check_device(_decode_kernel, "q, k_cache, v_cache, block_tables and seq_lens",
                  q, k_cache, v_cache, block_tables, seq_lens)  # fmt: skip
@@ -328,6 +352,7 @@ def paged_decode_attention(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, q.device)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    merge = choose_merge(head_dim) if merge is None else merge
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     group = num_heads // num_kv_heads

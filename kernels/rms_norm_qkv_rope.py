@@ -33,8 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device
+from kernels._launch import check_device, num_sms
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
+from kernels.gemv import FEW_PROGRAMS_PER_SM
 from kernels.kv_store import check_kv_and_pool
 from kernels.rms_norm_gemv import check_norm_gemv_args, normed_chunk, rms_norm_gemv_ref
 from kernels.rope import check_rope_args
@@ -42,9 +43,13 @@ from kernels.rope_store_kv import rope_store_kv_ref
 
 # 4 rows of a head's first half and their 4 partners a program: the 8 rows a program of
 # rms_norm_gemv.py's default tile streams, so both launch as many programs for a qkv weight.
-# NOTE: BLOCK_K 1024 with 8 warps measured 10 us faster a 1B step and 48 us slower an 8B step (H100,
-# single runs, bench/results/h100/decode_path_session15/); unconfirmed, so the tile stays.
 TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4}
+# Where the grid has at most FEW_PROGRAMS_PER_SM programs an SM (kernels/gemv.py's rule for its wide
+# step), 1024-column chunks with 8 warps: half of the weights then load before the PDL wait and the K
+# loop is half as long, which a program that has an SM nearly to itself needs to cover DRAM latency.
+# H100 (bench/results/h100/decode_path_session15/, call 6): 1B (384 programs) GPU step 1.109 -> 1.099 ms;
+# at 8B (768 programs) the same tile cost 48 us, so the many-program grids keep TILES.
+WIDE_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 8}
 TILE_KEYS = tuple(TILES)
 
 
@@ -156,6 +161,14 @@ def qkv_rope_block_n(head_dim: int, tiles: dict | None = None) -> int:
     return block_n
 
 
+def qkv_rope_tiles(num_heads: int, head_dim: int, sms: int) -> dict:
+    """The tile for num_heads (q, k and v heads) of head_dim on a GPU of `sms` SMs (0: the
+    interpreter, which keeps TILES): WIDE_TILES where its grid has at most FEW_PROGRAMS_PER_SM
+    programs an SM."""
+    programs = num_heads * (head_dim // 2 // qkv_rope_block_n(head_dim))
+    return dict(WIDE_TILES if 0 < programs <= FEW_PROGRAMS_PER_SM * sms else TILES)
+
+
 def rms_norm_qkv_rope(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -175,7 +188,7 @@ def rms_norm_qkv_rope(
     """(qkv [1, N] with q rotated, h = x + residual [1, K]); rope(k) and v written into the pool at
     slot_mapping[0]. The pool k_cache, v_cache [N_blocks, B, Hkv, D] gives Hkv and D.
 
-    tiles overrides BLOCK_N, BLOCK_K or num_warps (benchmark sweeps).
+    tiles overrides BLOCK_N, BLOCK_K or num_warps of the tile qkv_rope_tiles picks (tests, sweeps).
     """
     check_norm_gemv_args(x, residual, norm_weight, weight, bias)
     check_device(_rms_norm_qkv_rope_kernel, "x, positions, cos_sin_cache, k_cache, v_cache and slot_mapping",
@@ -195,9 +208,10 @@ def rms_norm_qkv_rope(
     unknown = set(tiles or {}) - set(TILE_KEYS)
     if unknown:
         raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
-    config = {**TILES, **(tiles or {}), "BLOCK_N": qkv_rope_block_n(head_dim, tiles)}
-    new_residual = torch.empty_like(x) if residual is not None else x
     num_heads = num_q_heads + 2 * num_kv_heads
+    config = {**qkv_rope_tiles(num_heads, head_dim, num_sms(x.device)), **(tiles or {})}
+    config["BLOCK_N"] = qkv_rope_block_n(head_dim, config)
+    new_residual = torch.empty_like(x) if residual is not None else x
     _rms_norm_qkv_rope_kernel[(num_heads * (head_dim // 2 // config["BLOCK_N"]),)](
         x, residual if residual is not None else x, norm_weight, weight, bias if bias is not None else weight,
         qkv, new_residual, positions, cos_sin_cache, slot_mapping, k_cache, v_cache,

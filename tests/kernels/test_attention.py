@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from kernels._launch import ticket_counters
-from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
+from kernels.decode_attention import (
+    MERGES,
+    choose_merge,
+    choose_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
 from kernels.paged_kv import tma_fits
 from kernels.prefill_attention import (
     TMA_MIN_QUERY_TOKENS,
@@ -168,15 +174,42 @@ def test_decode_attention_matches_reference(case, dtype, tol, num_splits, paged_
     torch.testing.assert_close(out, ref, **tol)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("case", DECODE_CASES, ids=_case_id)
-def test_decode_attention_merged_by_a_second_kernel_matches_reference(case, paged_batch):
-    """merge="kernel": the split parts merged by _merge_splits_kernel instead of the last split."""
+def test_decode_attention_each_merge_matches_reference(case, merge, paged_batch):
+    """Both merges at every case, whichever choose_merge would pick for its head dim: the last split
+    of each group, or _merge_splits_kernel after the decode kernel."""
     context_lens, num_heads, num_kv_heads, head_dim, block_size = case
     batch = paged_batch([1] * len(context_lens), context_lens, num_heads, num_kv_heads, head_dim, block_size,
                         torch.float32)  # fmt: skip
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 1.0 / math.sqrt(head_dim))
-    out = paged_decode_attention(*args, num_splits=7, merge="kernel")
+    out = paged_decode_attention(*args, num_splits=7, merge=merge)
     torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=1e-4, rtol=1e-4)
+
+
+def test_the_merge_is_a_second_kernel_up_to_head_dim_64():
+    assert [choose_merge(d) for d in (32, 64, 80, 128, 256)] == ["kernel", "kernel"] + ["last_split"] * 3
+
+
+@pytest.mark.parametrize("num_splits,merge", [(1, None), (5, "last_split"), (5, "kernel")],
+                         ids=["1_split", "5_splits-last_split", "5_splits-kernel"])  # fmt: skip
+def test_decode_rows_without_keys_get_zeros_and_leave_the_others_exact(num_splits, merge, paged_batch,
+                                                                       poison_allocator):  # fmt: skip
+    """A CUDA graph's padding rows have seq_len 0: no split of theirs holds a key, yet their output is
+    written (0, never the allocator's garbage) and their counters return to zero; the real rows, whose
+    short contexts leave most splits empty, match the reference."""
+    batch = paged_batch([1, 1, 1], [70, 5, 33], 8, 2, 64, 16, torch.float32)
+    real = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125)
+    ref = paged_decode_attention_ref(*real)
+    q = torch.cat((batch.q, torch.full_like(batch.q[:2], float("nan"))))  # padding rows' q: never read
+    seq_lens = torch.cat((batch.seq_lens, torch.zeros_like(batch.seq_lens[:2])))
+    tables = torch.cat((batch.block_tables, torch.zeros_like(batch.block_tables[:2])))
+    poison_allocator(q.shape, q.dtype, q.device)
+    out = paged_decode_attention(q, batch.k_cache, batch.v_cache, tables, seq_lens, 0.125, num_splits=num_splits,
+                                 merge=merge)  # fmt: skip
+    torch.testing.assert_close(out[:3], ref, atol=1e-4, rtol=1e-4)
+    assert torch.equal(out[3:], torch.zeros_like(out[3:]))
+    assert int(ticket_counters(5 * 2, batch.q.device).abs().sum()) == 0
 
 
 def test_split_merge_tickets_return_to_zero(paged_batch):
@@ -186,7 +219,8 @@ def test_split_merge_tickets_return_to_zero(paged_batch):
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125)
     ref = paged_decode_attention_ref(*args)
     for _ in range(2):
-        torch.testing.assert_close(paged_decode_attention(*args, num_splits=5), ref, atol=1e-4, rtol=1e-4)
+        out = paged_decode_attention(*args, num_splits=5, merge="last_split")
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
         assert int(ticket_counters(1, batch.q.device).abs().sum()) == 0
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.rms_norm_qkv_rope import qkv_rope_block_n, rms_norm_qkv_rope, rms_norm_qkv_rope_ref
+from kernels.rms_norm_qkv_rope import (
+    TILES,
+    WIDE_TILES,
+    qkv_rope_block_n,
+    qkv_rope_tiles,
+    rms_norm_qkv_rope,
+    rms_norm_qkv_rope_ref,
+)
 from tests.kernels.one_token_tolerance import one_token_tolerance
 
 ON_GPU = torch.cuda.is_available()
@@ -43,10 +50,15 @@ def _inputs(case, dtype, device, *, residual: bool, bias: bool, slot: int):
     return x, res, norm_weight, weight, b, positions, cos_sin, pool, slots
 
 
+# both tiles the launcher picks from (qkv_rope_tiles), whatever the device's SM count
+TILE_CHOICES = [pytest.param(TILES, id="tile"), pytest.param(WIDE_TILES, id="wide")]
+
+
+@pytest.mark.parametrize("tile", TILE_CHOICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_residual,with_bias", [(False, False), (True, True)], ids=["plain", "residual+bias"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_matches_the_unfused_pair(case, with_residual, with_bias, dtype, device):
+def test_matches_the_unfused_pair(case, with_residual, with_bias, dtype, tile, device):
     num_in, num_q, num_kv, head_dim = case
     x, res, g, weight, bias, positions, cos_sin, pool, slots = _inputs(
         case, dtype, device, residual=with_residual, bias=with_bias, slot=13
@@ -58,7 +70,7 @@ def test_matches_the_unfused_pair(case, with_residual, with_bias, dtype, device)
     expected, _ = rms_norm_qkv_rope_ref(h.float(), None, g.float(), EPS, weight.float(), as32(bias), positions,
                                         cos_sin, pool32[0], pool32[1], slots, num_q)  # fmt: skip
     got, new_residual = rms_norm_qkv_rope(x, res, g, EPS, weight, bias, positions, cos_sin, pool[0], pool[1],
-                                          slots, num_q)  # fmt: skip
+                                          slots, num_q, tiles=tile)  # fmt: skip
     tol = one_token_tolerance(dtype, expected, num_in)
     torch.testing.assert_close(got.float(), expected, **tol)
     torch.testing.assert_close(pool.float(), pool32, **tol)
@@ -81,6 +93,14 @@ def test_a_skipped_slot_writes_nothing_into_the_pool(device):
     expected, _ = rms_norm_qkv_rope_ref(x, res, g, EPS, weight, bias, positions, cos_sin, before[0], before[1],
                                         slots, 3)  # fmt: skip
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_the_wide_tile_is_taken_only_where_programs_are_few():
+    """kernels/gemv.py's rule: at most 4 programs an SM of an H100 (132 SMs) take the wide tile."""
+    assert qkv_rope_tiles(32 + 2 * 8, 64, 132) == WIDE_TILES  # Llama-3.2-1B: 384 programs
+    assert qkv_rope_tiles(32 + 2 * 8, 128, 132) == TILES  # Llama-3.1-8B: 768 programs
+    assert qkv_rope_tiles(14 + 2 * 2, 64, 132) == WIDE_TILES  # Qwen2-0.5B: 144 programs
+    assert qkv_rope_tiles(32 + 2 * 8, 64, 0) == TILES  # the interpreter (no SMs)
 
 
 def test_the_tile_is_halved_until_it_divides_half_the_head():
