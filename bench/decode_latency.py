@@ -59,7 +59,15 @@ def _parse_args(argv=None) -> argparse.Namespace:
                         help="tiles of kernels/rms_norm_gemv.py in the engine, e.g. 'BLOCK_N=4,num_warps=8' "
                              "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
     parser.add_argument("--qkv-rope-tiles", default="",
-                        help="tiles of kernels/rms_norm_qkv_rope.py in the engine, e.g. 'BLOCK_K=1024,num_warps=8'")
+                        help="tiles of kernels/rms_norm_qkv_rope.py in the engine, e.g. 'BLOCK_K=1024,num_warps=8' "
+                             "(set in both of its tiles, so every grid takes them)")  # fmt: skip
+    parser.add_argument(
+        "--decode-merge",
+        choices=("last_split", "kernel"),
+        default=None,
+        help="kernels.decode_attention.DEFAULT_MERGE: where split decode attention merges its parts; default: "
+        "by head dim (choose_merge)",
+    )
     parser.add_argument(
         "--fused-qkv-rope",
         choices=("on", "off"),
@@ -90,6 +98,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
         ops.SWIGLU_GEMV_MAX_FEATURES = args.swiglu_gemv_max_features
     if args.fused_qkv_rope is not None:
         ops.QKV_ROPE_FUSION = args.fused_qkv_rope == "on"
+    if args.decode_merge is not None:
+        import kernels.decode_attention
+
+        kernels.decode_attention.DEFAULT_MERGE = args.decode_merge
     return args
 
 
@@ -112,10 +124,13 @@ def _set_norm_gemv_tiles(spec: str) -> None:
 
 
 def _set_qkv_rope_tiles(spec: str) -> None:
-    """'BLOCK_K=1024,num_warps=8' -> kernels.rms_norm_qkv_rope's TILES (an engine A/B)."""
+    """'BLOCK_K=1024,num_warps=8' -> kernels.rms_norm_qkv_rope's TILES and WIDE_TILES (an engine A/B)."""
     import kernels.rms_norm_qkv_rope as fused
 
+    if not spec:
+        return
     _set_tiles(fused.TILES, spec, "--qkv-rope-tiles")
+    _set_tiles(fused.WIDE_TILES, spec, "--qkv-rope-tiles")
 
 
 def _engine(directory: Path, device, dry_run: bool):

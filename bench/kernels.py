@@ -24,6 +24,7 @@ from bench.report import table
 SUITES = ("prefill", "decode", "small")
 PREFILL_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 DECODE_CASES = ((1, 4096), (1, 65536), (16, 4096), (64, 2048), (256, 1024))
+DECODE_HEADS = (32, 8, 128)  # Hq, Hkv, D: Llama-3-8B's
 SMALL_OPS = ("rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "store_kv", "rope_store_kv")
 SMALL_TOKENS = (1, 64, 4096, 32768)
 SMALL_HIDDENS = (2048, 4096, 8192)
@@ -42,7 +43,33 @@ def _parse_args(argv=None) -> argparse.Namespace:
         help="tokens per block of the attention suites' paged pool (default: the engine's)",
     )
     parser.add_argument("--small-ops", default=",".join(SMALL_OPS), help=f"comma-separated subset of {SMALL_OPS}")
+    parser.add_argument(
+        "--decode-cases",
+        type=_decode_cases,
+        default=DECODE_CASES,
+        help="the decode suite's batch x context cases, e.g. 1x512,1x4096 (default: the goal's)",
+    )
+    parser.add_argument(
+        "--decode-heads",
+        type=_decode_heads,
+        default=DECODE_HEADS,
+        help="the decode suite's Hq,Hkv,D, e.g. 32,8,64 for Llama-3.2-1B (default: 32,8,128, 8B's)",
+    )
     return parser.parse_args(argv)
+
+
+def _decode_cases(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple((int(b), int(n)) for b, n in (case.split("x") for case in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--decode-cases wants BxL[,BxL...], got {text!r}") from None
+
+
+def _decode_heads(text: str) -> tuple[int, int, int]:
+    heads = tuple(int(n) for n in text.split(","))
+    if len(heads) != 3 or heads[0] % heads[1]:
+        raise argparse.ArgumentTypeError(f"--decode-heads wants Hq,Hkv,D with Hkv dividing Hq, got {text!r}")
+    return heads
 
 
 def _environment(device) -> dict:
@@ -100,9 +127,11 @@ def _markdown(results: dict) -> str:
             ("max_abs_diff_vs_sdpa_flash", "max diff", ".1e"), ("max_abs_diff_vs_sdpa_math", "max diff (math)", ".1e"),
         ])]  # fmt: skip
     if "decode" in results:
-        parts += ["", f"## Decode attention (paged K/V in blocks of {block} tokens, GB/s of K+V read)", "",
+        heads = "Hq {}, Hkv {}, D {}, ".format(*results["meta"].get("decode_heads", DECODE_HEADS))
+        parts += ["", f"## Decode attention ({heads}paged K/V in blocks of {block} tokens, GB/s of K+V read)", "",
                   _table(results["decode"], [
-            ("B", "B", ""), ("L", "L", ""), ("splits", "splits", ""), ("inferq_us", "inferq us", ".1f"),
+            ("B", "B", ""), ("L", "L", ""), ("splits", "splits", ""), ("merge", "merge", ""),
+            ("inferq_us", "inferq us", ".1f"),
             ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_read_bw", "of read BW", ".0%"),
             ("other_merge", "other merge", ""), ("other_merge_us", "its us", ".1f"),
             ("sdpa_flash_gbps", "SDPA flash GB/s", ".0f"), ("inferq_vs_sdpa_flash", "vs flash", ".2f"),
@@ -152,7 +181,8 @@ def _write(out: Path, results: dict) -> None:
 
 
 def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: int | None = None,
-                small_ops: tuple[str, ...] = SMALL_OPS) -> None:  # fmt: skip
+                small_ops: tuple[str, ...] = SMALL_OPS, decode_cases=DECODE_CASES,
+                decode_heads=DECODE_HEADS) -> None:  # fmt: skip
     from bench.attention_suites import POOL_BLOCK_SIZE, decode_suite, prefill_suite
     from bench.small_kernel_suite import small_kernel_suite
 
@@ -168,9 +198,9 @@ def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: 
         _write(out, results)
     if "decode" in suites:
         if tiny:
-            results["decode"] = decode_suite(bench, ((2, 40),), 4, 1, 64)
-        else:
-            results["decode"] = decode_suite(bench, DECODE_CASES, 32, 8, 128, **pool)
+            decode_cases, decode_heads = ((2, 40),), (4, 1, 64)
+        results["meta"]["decode_heads"] = list(decode_heads)
+        results["decode"] = decode_suite(bench, decode_cases, *decode_heads, **({} if tiny else pool))
         for row in results["decode"]:
             row["inferq_frac_read_bw"] = row["inferq_gbps"] / results["ceilings"]["read_gbps"]
         print(f"[bench] decode {results['decode']}", flush=True)
@@ -239,7 +269,7 @@ def main(argv=None) -> dict:
     results: dict = {"meta": meta, "ceilings": measure_ceilings(bench)}
     print(f"[bench] ceilings {results['ceilings']}", flush=True)
     _write(out, results)
-    _run_suites(bench, suites, results, out, args.block_size, small_ops)
+    _run_suites(bench, suites, results, out, args.block_size, small_ops, args.decode_cases, args.decode_heads)
     if args.sweep:
         _run_sweeps(bench, results, out)
     _write(out, results)

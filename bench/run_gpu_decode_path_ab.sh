@@ -6,7 +6,8 @@
 #   tests     the GPU tests of TEST_PATHS (default: the kernels touched, PDL, the engine's GPU parity)
 #   mutation  the PDL early-read test against a copy of this tree whose decode attention reads the newest
 #             token's K/V before its wait only: the test must fail (rc 1), or it could not catch that race
-#   kernels   the decode attention suite of bench.kernels for BASE and this tree
+#   kernels   the decode attention suite of bench.kernels for BASE and this tree (KERNEL_ARGS: more flags,
+#             e.g. --decode-cases 1x512 --decode-heads 32,8,64)
 #   decode    bench.decode_latency for each of VARIANTS="name|tree|args; ..." in order (tree: . or BASE)
 # BASE (default build/base): git archive REV engine kernels bench | tar -x -C build/base; carry build.
 # Needs artifacts/smollm2-tokenizer and .whl (bench/gpu_carry.sh). Writes everything under $OUT/ab and
@@ -37,8 +38,9 @@ if has kernels; then
     for side in base new; do
         tree=.; [ "$side" = base ] && tree="$BASE"
         out_abs="$(cd "$R" && pwd)/kernels_$side"
+        # shellcheck disable=SC2086  # KERNEL_ARGS is a list of flags
         (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout 150 python3 -m bench.kernels --suites decode \
-            --out "$out_abs") >"$R/kernels_$side.log" 2>&1
+            ${KERNEL_ARGS:-} --out "$out_abs") >"$R/kernels_$side.log" 2>&1
         echo "== decode attention, $side, rc $?"
         grep -E '^\| [0-9]+ \| [0-9]+ \|' "$out_abs/kernels.md"
     done
