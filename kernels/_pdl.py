@@ -28,6 +28,9 @@ The contract of every kernel here that takes a PDL flag:
     a block another reads, since only full blocks are shared);
 - after it everything else: activations, the newest K/V, and every store.
 Kernels launched without the flag (cuBLAS, torch ops) keep full stream order on both sides.
+The engine's side of this (metadata staged before the forward and never written in it, the embedding
+first, K/V written only into blocks the writing sequence holds alone) is checked on the CPU by
+tests/engine/test_pdl_engine_invariants.py; the kernels' side by tests/kernels/test_pdl_contract.py.
 
 CUDA graphs keep the dependency (stream capture records programmatic edges, CUDA >= 12.3).
 The CPU interpreter has no griddepcontrol (inline PTX), so PDL is off there, and the

@@ -47,8 +47,9 @@ TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4}
 # Where the grid has at most FEW_PROGRAMS_PER_SM programs an SM (kernels/gemv.py's rule for its wide
 # step), 1024-column chunks with 8 warps: half of the weights then load before the PDL wait and the K
 # loop is half as long, which a program that has an SM nearly to itself needs to cover DRAM latency.
-# H100 (bench/results/h100/decode_path_session15/, call 6): 1B (384 programs) GPU step 1.109 -> 1.099 ms;
-# at 8B (768 programs) the same tile cost 48 us, so the many-program grids keep TILES.
+# H100: 1B (384 programs) GPU step 1.095 -> 1.087-1.089 ms (bench/results/h100/decode_merge_session16/,
+# call 1, same call); at 8B (768 programs) the same tile cost 48 us (decode_path_session15/, call 6), so
+# the many-program grids keep TILES. All of K (2048) in one chunk at 1B: 27 us slower (session 16, call 5).
 WIDE_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 8}
 TILE_KEYS = tuple(TILES)
 
