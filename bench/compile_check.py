@@ -94,7 +94,7 @@ def _variants() -> list[Variant]:
                                                            MERGE_HERE=True, EARLY_FIRST_TILE=False),
                 {"num_warps": 4, "num_stages": 3, **on},
                 "1 split"),
-        Variant("decode_attention", "_merge_splits_kernel",
+        Variant("decode_split_merge", "_merge_splits_kernel",
                 dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=33, BLOCK_P=64, P_CHUNK=8, **pdl), {"num_warps": 4, **on}),
         Variant("prefill_attention", "_prefill_kernel", dict(prefill, BLOCK_N=32), {"num_warps": 4, "num_stages": 4},
                 "queries < 4k"),

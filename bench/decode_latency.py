@@ -65,7 +65,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
         "--decode-merge",
         choices=("last_split", "kernel"),
         default=None,
-        help="kernels.decode_attention.DEFAULT_MERGE: where split decode attention merges its parts; default: "
+        help="kernels.decode_split_merge.DEFAULT_MERGE: where split decode attention merges its parts; default: "
         "by head dim (choose_merge)",
     )
     parser.add_argument(
@@ -99,9 +99,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     if args.fused_qkv_rope is not None:
         ops.QKV_ROPE_FUSION = args.fused_qkv_rope == "on"
     if args.decode_merge is not None:
-        import kernels.decode_attention
+        import kernels.decode_split_merge
 
-        kernels.decode_attention.DEFAULT_MERGE = args.decode_merge
+        kernels.decode_split_merge.DEFAULT_MERGE = args.decode_merge
     return args
 
 

@@ -18,7 +18,7 @@ ticket merges the parts of the group's G heads, weighted by exp2(lse_p - max lse
 and puts the counter back to 0 (merge="kernel" instead runs a second kernel). Splits left
 without keys (a context shorter than P tiles) write no part and draw no ticket there: the
 last of the splits that hold keys merges theirs. Which merge runs depends on the head dim
-(choose_merge). P is chosen from the
+(kernels/decode_split_merge.py: the merge, its kernel and choose_merge). P is chosen from the
 SM count: enough programs for about two per SM, one when S * Hkv already fills the GPU.
 With PDL, where programs are few (reads_first_tile_early), each program loads its first
 tile's keys and values before griddepcontrol.wait, all but the newest position's, which this
@@ -39,13 +39,11 @@ import triton.language as tl
 from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms, ticket_counters
 from kernels._online_softmax import attend_tile
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
+from kernels.decode_split_merge import MERGES, choose_merge, merge_chunk, merge_split_rows, merge_splits
 from kernels.paged_kv import check_paged_kv, gather_kv_tiles, load_kv_tile
 from kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
-MERGES = ("last_split", "kernel")
-DEFAULT_MERGE: str | None = None  # None: choose_merge's rule; one of MERGES forces it (benchmark A/Bs)
-KERNEL_MERGE_MAX_HEAD_DIM = 64
 INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
 PROGRAMS_PER_SM = 2
 
@@ -185,68 +183,6 @@ def _decode_kernel(
                 tl.atomic_xchg(counter, 0)  # ready for the next call
 
 
-@triton.jit
-def merge_split_rows(
-    part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32
-    part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
-    out_ptr,  # [S, Hq, D] contiguous
-    first_row,  # sequence * Hq + first query head of the rows
-    num_parts,  # the rows' parts 0..num_parts-1 are merged (the splits that hold keys)
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,  # ROWS padded to a power of two
-    P_CHUNK: tl.constexpr,  # splits per load; the chunks are unrolled, so their loads overlap
-):
-    """out[r] = sum_p exp2(lse_p - max lse) part_p / sum_p exp2(lse_p - max lse) for ROWS rows.
-
-    NOTE: .cg loads read the parts from L2, never from this SM's L1, which may hold
-    lines of an earlier call's parts."""
-    r = tl.arange(0, BLOCK_ROWS)
-    rows = first_row + r  # [R]
-    r_mask = (r < ROWS)[:, None]
-    p = tl.arange(0, BLOCK_P)
-    lse = tl.load(part_lse_ptr + rows[:, None] * NUM_SPLITS + p[None, :], mask=r_mask & (p < num_parts)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-    lse_max = tl.max(lse, axis=1)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights 0, not NaN
-    total = tl.sum(tl.exp2(lse - lse_max[:, None]), axis=1)  # [R]
-    d = tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
-    for c in tl.static_range(0, BLOCK_P, P_CHUNK):
-        pc = c + tl.arange(0, P_CHUNK)
-        chunk_mask = r_mask & (pc < num_parts)[None, :]  # [R, C]
-        part = rows[:, None] * NUM_SPLITS + pc[None, :]  # [R, C]
-        lse_c = tl.load(part_lse_ptr + part, mask=chunk_mask, other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(part_out_ptr + (part * BLOCK_D)[:, :, None] + d[None, None, :], mask=chunk_mask[:, :, None],
-                        other=0.0, cache_modifier=".cg")  # fmt: skip
-        acc += tl.sum(parts * tl.exp2(lse_c - lse_max[:, None])[:, :, None], axis=1)
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(out_ptr + rows[:, None] * HEAD_DIM + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=r_mask & (d < HEAD_DIM)[None, :])  # fmt: skip
-
-
-@triton.jit
-def _merge_splits_kernel(
-    part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32
-    part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
-    out_ptr,  # [S, Hq, D] contiguous
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    P_CHUNK: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """merge="kernel": one program per (sequence, query head) after the decode kernel."""
-    pdl_launch_dependents(PDL)
-    pdl_wait(PDL)  # nothing here reads weights before its first dependent load (kernels/_pdl.py)
-    merge_split_rows(part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), NUM_SPLITS, HEAD_DIM,
-                     BLOCK_D, NUM_SPLITS, BLOCK_P, 1, 1, P_CHUNK)  # fmt: skip
-
-
 def choose_num_splits(
     num_seqs: int, num_kv_heads: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM
 ) -> int:
@@ -261,23 +197,6 @@ def choose_num_splits(
     programs = num_seqs * num_kv_heads
     target = programs_per_sm * num_sms(device)
     return max(1, min(MAX_SPLITS, triton.cdiv(target, programs)))
-
-
-def choose_merge(head_dim: int) -> str:
-    """Where split parts are merged: a second kernel at head dims up to KERNEL_MERGE_MAX_HEAD_DIM,
-    the last split above (DEFAULT_MERGE, when set, instead).
-
-    H100, batch-1 decode, same calls (bench/results/h100/decode_merge_session16/): at D = 64
-    (Llama-3.2-1B) the second kernel gave a 1.057 ms GPU step against 1.086-1.087 for the last
-    split, and took 0.8-1.5 us off the kernel at L = 128..4k; at D = 128 (Llama-3.1-8B) it gave
-    5.580 ms against 5.542, and the kernel bench has it 0.7 us slower at B = 1 L = 4k and 16 us at
-    B = 16 L = 4k. Eager, the last split's merge adds ~3 us to its kernel at both head dims (ticket,
-    then the parts from L2 in one program a group), the second kernel costs 2.3 us at D = 64 and
-    3.1 us at D = 128 (a program a query head over twice the width).
-    """
-    if DEFAULT_MERGE is not None:
-        return DEFAULT_MERGE
-    return "kernel" if head_dim <= KERNEL_MERGE_MAX_HEAD_DIM else "last_split"
 
 
 def reads_first_tile_early(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> bool:
@@ -374,24 +293,15 @@ def paged_decode_attention(
         block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_GROUP=triton.next_power_of_2(group), PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
-        BLOCK_P=block_p, P_CHUNK=_merge_chunk(triton.next_power_of_2(group), block_d, block_p),
+        BLOCK_P=block_p, P_CHUNK=merge_chunk(triton.next_power_of_2(group), block_d, block_p),
         MERGE_HERE=merge == "last_split",
         EARLY_FIRST_TILE=reads_first_tile_early(num_seqs, num_kv_heads, num_splits, q.device),
         DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **config, **pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and merge == "kernel":
-        _merge_splits_kernel[(num_seqs * num_heads,)](
-            part_out, part_lse, out,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, BLOCK_P=block_p,
-            P_CHUNK=_merge_chunk(1, block_d, block_p), num_warps=4, **pdl_options(q.device),
-        )  # fmt: skip
+        merge_splits(part_out, part_lse, out)
     return out
-
-
-def _merge_chunk(rows: int, block_d: int, block_p: int) -> int:
-    """Splits per merge load: 4096 fp32 elements (32 registers a thread at 4 warps)."""
-    return max(1, min(block_p, 4096 // (rows * block_d)))
 
 
 def paged_decode_attention_ref(

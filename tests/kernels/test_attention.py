@@ -13,13 +13,8 @@ import pytest
 import torch
 
 from kernels._launch import ticket_counters
-from kernels.decode_attention import (
-    MERGES,
-    choose_merge,
-    choose_num_splits,
-    paged_decode_attention,
-    paged_decode_attention_ref,
-)
+from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
+from kernels.decode_split_merge import MERGES
 from kernels.paged_kv import tma_fits
 from kernels.prefill_attention import (
     TMA_MIN_QUERY_TOKENS,
@@ -185,10 +180,6 @@ def test_decode_attention_each_merge_matches_reference(case, merge, paged_batch)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 1.0 / math.sqrt(head_dim))
     out = paged_decode_attention(*args, num_splits=7, merge=merge)
     torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=1e-4, rtol=1e-4)
-
-
-def test_the_merge_is_a_second_kernel_up_to_head_dim_64():
-    assert [choose_merge(d) for d in (32, 64, 80, 128, 256)] == ["kernel", "kernel"] + ["last_split"] * 3
 
 
 @pytest.mark.parametrize("num_splits,merge", [(1, None), (5, "last_split"), (5, "kernel")],
