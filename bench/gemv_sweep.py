@@ -90,6 +90,28 @@ def _graph_us(fn: Callable[[], object], calls: int = 20, repeats: int = 15) -> f
     return sorted(times)[len(times) // 2]
 
 
+def trial_device(dry_run: bool) -> tuple[torch.device, float | None, str]:
+    """(device, read bandwidth GB/s, the results' header line) of a trials script: the CPU interpreter for
+    a dry run (no timings), else the GPU with its read bandwidth measured now, by a 2 GB sum."""
+    if dry_run:
+        return torch.device("cpu"), None, "dry run (CPU interpreter, fp32, no timings)"
+    device = torch.device("cuda")
+    big = torch.empty(1024**3, dtype=torch.bfloat16, device=device).normal_()
+    read_bw = big.numel() * 2 / (_graph_us(big.sum) * 1e-6) / 1e9
+    del big
+    meta = (f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · "
+            f"read bandwidth {read_bw:.0f} GB/s (a 2 GB sum, same run)")  # fmt: skip
+    return device, read_bw, meta
+
+
+def write_trials(out: Path, stem: str, result: dict, markdown: str) -> dict:
+    """OUT/STEM.json and OUT/STEM.md of a trials script; returns the result."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown)
+    return result
+
+
 def _rotating(weights: list[torch.Tensor], call: Callable[[torch.Tensor], object]) -> Callable[[], object]:
     state = {"i": 0}
 

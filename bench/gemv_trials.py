@@ -20,7 +20,6 @@ the engine's decode graph; --no-pdl-too: also without).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.gemv_sweep import L2_BYTES, SHAPES, _graph_us, _rotating  # noqa: E402
+from bench.gemv_sweep import L2_BYTES, SHAPES, _graph_us, _rotating, trial_device, write_trials  # noqa: E402
 from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
 from kernels.gemv import gemv, weight_chunk, x_tile  # noqa: E402
 
@@ -148,27 +147,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of bench.gemv_sweep.SHAPES")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    if args.dry_run:
-        device, read_bw, meta = torch.device("cpu"), None, "dry run (CPU interpreter, fp32, no timings)"
-        shapes = {"tiny": (12, 1100)}
-    else:
-        device = torch.device("cuda")
-        big = torch.empty(1024**3, dtype=torch.bfloat16, device=device).normal_()
-        read_bw = big.numel() * 2 / (_graph_us(big.sum) * 1e-6) / 1e9
-        del big
-        meta = (f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · "
-                f"read bandwidth {read_bw:.0f} GB/s (a 2 GB sum, same run)")  # fmt: skip
-        shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+    device, read_bw, meta = trial_device(args.dry_run)
+    shapes = {"tiny": (12, 1100)} if args.dry_run else {name: SHAPES[name] for name in args.shapes.split(",")}
     rows = []
     pdl_modes = (True, False) if args.no_pdl_too else (True,)
     for name, (num_out, num_in) in shapes.items():
         shape_rows = run_shape(num_out, num_in, read_bw, device, args.dry_run, pdl_modes)
         rows += [{"shape": name, **row} for row in shape_rows]
     result = {"meta": meta, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gemv_trials.json").write_text(json.dumps(result, indent=1))
-    (args.out / "gemv_trials.md").write_text(_markdown(result))
-    return result
+    return write_trials(args.out, "gemv_trials", result, _markdown(result))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,26 @@ def weight_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def gemv_rows(w, x_ptr, w_rows, n, n_mask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """sum_k w_rows[n, k] x[k] in fp32 ([BLOCK_N]), given the first chunk `w` (loaded by the caller, before
+    its PDL wait): the K loop and its load schedule (shared with bench/norm_epilogue_trials.py)."""
+    if PREFETCH:  # chunk k + 1 is in flight at the top of step k, k + 2 issued in it
+        w_next = weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if PREFETCH:
+            w_after = weight_chunk(w_rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
+        k = k0 + tl.arange(0, BLOCK_K)
+        acc += w.to(tl.float32) * x_tile(x_ptr, n, k, k < K)
+        if PREFETCH:
+            w = w_next
+            w_next = w_after
+        else:
+            w = weight_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [1, K]
     w_ptr,  # [N, K]
@@ -87,20 +107,7 @@ def _gemv_kernel(
     k = tl.arange(0, BLOCK_K)
     w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
     pdl_wait(PDL)
-    if PREFETCH:  # chunk k + 1 is in flight at the top of step k, k + 2 issued in it
-        w_next = weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if PREFETCH:
-            w_after = weight_chunk(w_rows, n_mask, k0 + 2 * BLOCK_K, K, BLOCK_K)
-        k = k0 + tl.arange(0, BLOCK_K)
-        acc += w.to(tl.float32) * x_tile(x_ptr, n, k, k < K)
-        if PREFETCH:
-            w = w_next
-            w_next = w_after
-        else:
-            w = weight_chunk(w_rows, n_mask, k0 + BLOCK_K, K, BLOCK_K)
-    y = tl.sum(acc, axis=1)
+    y = gemv_rows(w, x_ptr, w_rows, n, n_mask, K, BLOCK_N, BLOCK_K, PREFETCH)
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     # NOTE: rounded to x's dtype first, as F.linear rounds, also where y is wider (fp32 logits)
