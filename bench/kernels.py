@@ -66,9 +66,12 @@ def _decode_cases(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def _decode_heads(text: str) -> tuple[int, int, int]:
-    heads = tuple(int(n) for n in text.split(","))
-    if len(heads) != 3 or heads[0] % heads[1]:
-        raise argparse.ArgumentTypeError(f"--decode-heads wants Hq,Hkv,D with Hkv dividing Hq, got {text!r}")
+    try:
+        heads = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        heads = ()
+    if len(heads) != 3 or min(heads) < 1 or heads[0] % heads[1]:
+        raise argparse.ArgumentTypeError(f"--decode-heads wants positive Hq,Hkv,D with Hkv dividing Hq, got {text!r}")
     return heads
 
 
