@@ -259,6 +259,22 @@ def test_split_count_fills_the_gpu_and_stays_static(device):
     assert choose_num_splits(256, 8, device) == 1  # a large batch needs no split
 
 
+def test_split_and_early_tile_rules_at_an_h100s_sm_count(monkeypatch):
+    """The CUDA branches of choose_num_splits and reads_first_tile_early, on any machine: 132 SMs."""
+    import kernels.decode_attention as decode
+
+    monkeypatch.setattr(decode, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    # about two programs an SM (Hkv = 8): 33 splits at batch 1, 3 at 16, none where S * Hkv fills the GPU
+    assert [decode.choose_num_splits(s, 8, cuda) for s in (1, 16, 33, 64, 256)] == [33, 3, 1, 1, 1]
+    # the first tile before the wait only in split grids of S * Hkv <= SMs (at most 3 programs an SM)
+    assert decode.reads_first_tile_early(1, 8, 33, cuda)
+    assert decode.reads_first_tile_early(16, 8, 3, cuda)  # 128 <= 132
+    assert not decode.reads_first_tile_early(17, 8, 2, cuda)  # 136 > 132
+    assert not decode.reads_first_tile_early(64, 8, 1, cuda)  # one split: nothing to overlap, registers kept
+    assert decode.reads_first_tile_early(1, 8, 3, torch.device("cpu"))  # the interpreter runs the early path
+
+
 def _dense_attention_float64(q, k, v, scale):
     """Naive causal attention in float64 for one sequence: q [Q, H, D], k/v [L, H, D], queries at the end."""
     q_len, seq_len = q.shape[0], k.shape[0]
