@@ -1,8 +1,10 @@
 """Trial for batch-1 decode: the post-attention residual add + RMSNorm prepared by the o_proj GEMV's
 epilogue, instead of recomputed by every program of the gate|up projection. One run times both chains:
 
-    base:  kernels/gemv.py (o_proj)  ->  kernels/rms_norm_gemv.py (residual add, RMSNorm, gate|up[, SwiGLU])
-    trial: _producer_kernel          ->  _consumer_kernel
+    base:    kernels/gemv.py (o_proj) -> kernels/rms_norm_gemv.py (residual add, RMSNorm, gate|up[, SwiGLU])
+    trial:   _producer_kernel         -> _consumer_kernel
+    unfused: kernels/gemv.py -> kernels/rms_norm.py (add + RMSNorm) -> kernels/gemv.py -> SiLU-and-mul
+             (the engine with its fused norms off, whose GEMV has had a faster load schedule since session 14)
 
     python -m bench.norm_epilogue_trials --out DIR     # GPU
     python -m bench.norm_epilogue_trials --dry-run     # CPU interpreter, tiny shapes, correctness only
@@ -44,6 +46,7 @@ from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
 from kernels.gemv import BLOCK_N as GEMV_ROWS  # noqa: E402
 from kernels.gemv import NUM_WARPS as GEMV_WARPS  # noqa: E402
 from kernels.gemv import gemv, gemv_rows, gemv_tiles, weight_chunk  # noqa: E402
+from kernels.rms_norm import fused_add_rms_norm  # noqa: E402
 from kernels.rms_norm_gemv import rms_norm_gemv  # noqa: E402
 from kernels.silu_and_mul import silu_and_mul  # noqa: E402
 
@@ -136,6 +139,13 @@ def trial_chain(a, w_o, residual, norm_weight, w_gate_up, swiglu: bool, pdl: boo
     return (y if swiglu else silu_and_mul(y)), new_res
 
 
+def unfused_chain(a, w_o, residual, norm_weight, w_gate_up):
+    """What the engine runs with its fused norms off (bench/decode_latency.py --norm-gemv-min-features):
+    the GEMV, the fused add + RMSNorm kernel, the plain GEMV of gate|up, the SiLU-and-mul kernel."""
+    normed, new_res = fused_add_rms_norm(gemv(a, w_o), residual, norm_weight, EPS)
+    return silu_and_mul(gemv(normed, w_gate_up)), new_res
+
+
 def base_chain(a, w_o, residual, norm_weight, w_gate_up, swiglu: bool):
     """What the engine runs: the GEMV, then the fused residual add + RMSNorm + gate|up (+ SwiGLU)."""
     y, new_res = rms_norm_gemv(gemv(a, w_o), residual, norm_weight, EPS, w_gate_up, swiglu=swiglu)
@@ -167,11 +177,13 @@ def run_shape(name: str, dims: tuple, device: torch.device, dry: bool, read_bw: 
     norm_weight = (1 + 0.3 * torch.randn(hidden, device=device)).to(dtype)
     expected, expected_res = reference(a, w_os[0], residual, norm_weight, w_gus[0])
     rows = []
-    for chain in ("base", "trial"):
+    for chain in ("base", "trial", "unfused"):
 
         def call(i: int, chain=chain):
             if chain == "base":
                 return base_chain(a, w_os[i], residual, norm_weight, w_gus[i], swiglu)
+            if chain == "unfused":
+                return unfused_chain(a, w_os[i], residual, norm_weight, w_gus[i])
             return trial_chain(a, w_os[i], residual, norm_weight, w_gus[i], swiglu, pdl=not dry)
 
         out, new_res = call(0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.norm_epilogue_trials import base_chain, reference, trial_chain
+from bench.norm_epilogue_trials import base_chain, reference, trial_chain, unfused_chain
 
 # (hidden, attention width, intermediate, SwiGLU inside)
 CASES = [(1100, 600, 24, True), (48, 40, 20, False), (520, 1030, 16, True)]
@@ -32,3 +32,6 @@ def test_trial_chain_matches_the_reference_and_the_engines_chain(case, schedule,
     base, base_res = base_chain(a, w_o, residual, norm_weight, w_gate_up, swiglu)
     torch.testing.assert_close(out, base, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(new_res, base_res, atol=1e-5, rtol=1e-5)
+    unfused, unfused_res = unfused_chain(a, w_o, residual, norm_weight, w_gate_up)
+    torch.testing.assert_close(unfused, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(unfused_res, expected_res, atol=1e-5, rtol=1e-5)
