@@ -8,6 +8,8 @@
 #             token's K/V before its wait only: the test must fail (rc 1), or it could not catch that race
 #   kernels   the decode attention suite of bench.kernels for BASE and this tree (KERNEL_ARGS: more flags,
 #             e.g. --decode-cases 1x512 --decode-heads 32,8,64)
+#   trials    bench.norm_epilogue_trials (o_proj -> gate|up: the engine's chain, the norm prepared in the
+#             o_proj's epilogue, the fused norms off) into $R/trials (never by default)
 #   decode    bench.decode_latency for each of VARIANTS="name|tree|args; ..." in order (tree: . or BASE)
 # BASE (default build/base): git archive REV engine kernels bench | tar -x -C build/base; carry build.
 # Needs artifacts/smollm2-tokenizer and .whl (bench/gpu_carry.sh). Writes everything under $OUT/ab and
@@ -44,6 +46,12 @@ if has kernels; then
         echo "== decode attention, $side, rc $?"
         grep -E '^\| [0-9]+ \| [0-9]+ \|' "$out_abs/kernels.md"
     done
+fi
+
+if has trials; then
+    PYTHONPATH="$here" timeout 150 python3 -m bench.norm_epilogue_trials --out "$R/trials" >"$R/trials.log" 2>&1
+    echo "== norm-epilogue trials rc $?"
+    grep -E '^\| (1B|8B) ' "$R/trials/norm_epilogue_trials.md"
 fi
 
 has decode && decode_variants
