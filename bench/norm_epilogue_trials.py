@@ -12,8 +12,8 @@ epilogue, instead of recomputed by every program of the gate|up projection. One 
 Why: in the fused norm + GEMV each of the gate|up kernel's programs (2048 of them at Llama-3.2-1B)
 loads x, the residual and the norm weight for every chunk of K and adds, squares and scales them,
 next to the weight stream that is the whole point. The 1B step's fused gate|up takes 26.2 us a layer
-against 23.6-24.0 us for the plain GEMV of the same weight (H100, session 14 and 16), and the fused
-qkv + RoPE kernel carries the same prologue: up to ~75 us of a 1.057 ms step, where the goal is 1.0.
+against 23.6-24.0 us for the plain GEMV of the same weight (H100, sessions 14 and 16): 35-42 us of a
+1.057 ms step, where the goal is 1.0. The fused qkv + RoPE kernel carries the same prologue.
 
 The trial moves that work to where it is done once per row:
 - producer (o_proj, program p owns rows R_p): y = a W_o^T rounded as F.linear rounds; h = y + residual,
