@@ -26,11 +26,13 @@ has tests && gpu_tests "tests/kernels/test_pdl.py tests/kernels/test_pdl_contrac
 if has mutation; then
     mutant=/tmp/mutant
     rm -rf "$mutant" && mkdir -p "$mutant" && cp -r kernels engine tests pyproject.toml "$mutant"/
-    sed -i -e 's/^    earlier = first_in_seq & (first_kpos < seq_len - 1)$/    earlier = first_in_seq/' \
-        -e 's/^    newest = first_in_seq & (first_kpos == seq_len - 1)$/    newest = first_in_seq \& (first_kpos < 0)/' \
+    # every earlier row read before the wait and the newest never after it (with EARLY_FIRST_TILE on)
+    sed -i -e 's/^    earlier = first_in_seq & (first_kpos < seq_len - 1) & EARLY_FIRST_TILE$/    earlier = first_in_seq \& EARLY_FIRST_TILE/' \
+        -e 's/^    newest = first_in_seq & ((first_kpos == seq_len - 1) | (not EARLY_FIRST_TILE))$/    newest = first_in_seq \& (first_kpos < 0)/' \
         "$mutant/kernels/decode_attention.py"
-    grep -c -E '^    (earlier = first_in_seq$|newest = first_in_seq & \(first_kpos < 0\))' "$mutant/kernels/decode_attention.py" \
-        | sed 's/^/mutated lines: /'
+    mutated=$(grep -c -E '^    (earlier = first_in_seq & EARLY_FIRST_TILE$|newest = first_in_seq & \(first_kpos < 0\))' \
+        "$mutant/kernels/decode_attention.py")
+    echo "mutated lines: $mutated (2 expected; otherwise the kernel changed and this phase tests nothing)"
     (cd "$mutant" && PYTHONPATH="$mutant:${PYTHONPATH:-}" timeout 150 python3 -m pytest -q -p no:cacheprovider \
         tests/kernels/test_pdl.py -k newest) >"$R/mutation.log" 2>&1
     echo "mutation (newest K/V read before the wait only): test rc $? (1: caught); $(tail -1 "$R/mutation.log")"

@@ -39,7 +39,7 @@ import triton.language as tl
 from kernels._launch import check_device, dot_dtype, dot_precision, interpreting, num_sms, ticket_counters
 from kernels._online_softmax import attend_tile
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.decode_split_merge import MERGES, choose_merge, merge_chunk, merge_split_rows, merge_splits
+from kernels.decode_split_merge import MERGES, choose_merge, launch_merge, merge_chunk, merge_split_rows
 from kernels.paged_kv import check_paged_kv, gather_kv_tiles, load_kv_tile
 from kernels.prefill_attention import paged_prefill_attention_ref
 
@@ -300,7 +300,7 @@ def paged_decode_attention(
         **config, **pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and merge == "kernel":
-        merge_splits(part_out, part_lse, out)
+        launch_merge(part_out, part_lse, out)
     return out
 
 

@@ -126,6 +126,14 @@ def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         raise ValueError(f"part_out's last dim ({block_d}) must be a power of two holding D = {head_dim}")
     if not (part_out.is_contiguous() and part_lse.is_contiguous() and out.is_contiguous()):
         raise ValueError("part_out, part_lse and out must be contiguous")
+    launch_merge(part_out, part_lse, out)
+
+
+def launch_merge(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """merge_splits without its checks: for kernels/decode_attention.py, which made these buffers itself
+    (no second round of checks on the decode step's host path)."""
+    num_seqs, num_heads, num_splits, block_d = part_out.shape
+    head_dim = out.shape[-1]
     block_p = triton.next_power_of_2(num_splits)
     _merge_splits_kernel[(num_seqs * num_heads,)](
         part_out, part_lse, out,

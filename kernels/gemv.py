@@ -117,8 +117,16 @@ def _gemv_kernel(
 def gemv_tiles(num_out: int, sms: int) -> dict:
     """BLOCK_K and PREFETCH for N output rows on a GPU of `sms` SMs (0: the interpreter): the wide
     prefetching step where programs are few."""
-    few = triton.cdiv(num_out, BLOCK_N) <= FEW_PROGRAMS_PER_SM * sms
-    return {"BLOCK_K": WIDE_BLOCK_K, "PREFETCH": True} if few else {"BLOCK_K": BLOCK_K, "PREFETCH": False}
+    if few_programs_per_sm(triton.cdiv(num_out, BLOCK_N), sms):
+        return {"BLOCK_K": WIDE_BLOCK_K, "PREFETCH": True}
+    return {"BLOCK_K": BLOCK_K, "PREFETCH": False}
+
+
+def few_programs_per_sm(programs: int, sms: int) -> bool:
+    """Whether a grid of `programs` leaves each of `sms` SMs at most FEW_PROGRAMS_PER_SM (never on the
+    interpreter, sms = 0): where one chunk in flight a program cannot cover DRAM latency, so the one-token
+    projections take wider chunks (gemv_tiles; kernels/rms_norm_qkv_rope.py's qkv_rope_tiles)."""
+    return programs <= FEW_PROGRAMS_PER_SM * sms
 
 
 def gemv(

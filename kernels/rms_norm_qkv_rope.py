@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kernels._launch import check_device, num_sms
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.gemv import FEW_PROGRAMS_PER_SM
+from kernels.gemv import few_programs_per_sm
 from kernels.kv_store import check_kv_and_pool
 from kernels.rms_norm_gemv import check_norm_gemv_args, normed_chunk, rms_norm_gemv_ref
 from kernels.rope import check_rope_args
@@ -44,7 +44,7 @@ from kernels.rope_store_kv import rope_store_kv_ref
 # 4 rows of a head's first half and their 4 partners a program: the 8 rows a program of
 # rms_norm_gemv.py's default tile streams, so both launch as many programs for a qkv weight.
 TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4}
-# Where the grid has at most FEW_PROGRAMS_PER_SM programs an SM (kernels/gemv.py's rule for its wide
+# Where the grid has few programs an SM (kernels/gemv.py's few_programs_per_sm, its rule for its wide
 # step), 1024-column chunks with 8 warps: half of the weights then load before the PDL wait and the K
 # loop is half as long, which a program that has an SM nearly to itself needs to cover DRAM latency.
 # H100: 1B (384 programs) GPU step 1.095 -> 1.087-1.089 ms (bench/results/h100/decode_merge_session16/,
@@ -164,10 +164,9 @@ def qkv_rope_block_n(head_dim: int, tiles: dict | None = None) -> int:
 
 def qkv_rope_tiles(num_heads: int, head_dim: int, sms: int) -> dict:
     """The tile for num_heads (q, k and v heads) of head_dim on a GPU of `sms` SMs (0: the
-    interpreter, which keeps TILES): WIDE_TILES where its grid has at most FEW_PROGRAMS_PER_SM
-    programs an SM."""
+    interpreter, which keeps TILES): WIDE_TILES where its grid has few programs an SM."""
     programs = num_heads * (head_dim // 2 // qkv_rope_block_n(head_dim))
-    return dict(WIDE_TILES if 0 < programs <= FEW_PROGRAMS_PER_SM * sms else TILES)
+    return dict(WIDE_TILES if few_programs_per_sm(programs, sms) else TILES)
 
 
 def rms_norm_qkv_rope(
