@@ -23,6 +23,11 @@ from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 MERGES = ("last_split", "kernel")
 DEFAULT_MERGE: str | None = None  # None: choose_merge's rule; one of MERGES forces it (benchmark A/Bs)
 KERNEL_MERGE_MAX_HEAD_DIM = 64
+# One warp a (sequence, query head): its chunk of at most 4096 parts' elements (merge_chunk) is 128
+# registers a thread, reduced over the splits without shared memory. H100, Llama-3.2-1B batch-1 decode,
+# GPU step, same call (bench/results/h100/decode_merge_session17/): 4 warps 1.057 / 1.056 ms, 2 warps
+# 1.052, 1 warp 1.048; no spills at D = 64 or 128 (bench.compile_check).
+MERGE_KERNEL_WARPS = 1
 
 
 @triton.jit
@@ -96,7 +101,7 @@ def choose_merge(head_dim: int) -> str:
     split, and took 0.8-1.5 us off the kernel at L = 128..4k; at D = 128 (Llama-3.1-8B) it gave
     5.580 ms against 5.542, and the kernel bench has it 0.7 us slower at B = 1 L = 4k and 16 us at
     B = 16 L = 4k. Eager, the last split's merge adds ~3 us to its kernel at both head dims (ticket,
-    then the parts from L2 in one program a group), the second kernel costs 2.3 us at D = 64 and
+    then the parts from L2 in one program a group), the second kernel (on 4 warps then) costs 2.3 us at D = 64 and
     3.1 us at D = 128 (a program a query head over twice the width).
     """
     if DEFAULT_MERGE is not None:
@@ -138,7 +143,7 @@ def launch_merge(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     _merge_splits_kernel[(num_seqs * num_heads,)](
         part_out, part_lse, out,
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, BLOCK_P=block_p,
-        P_CHUNK=merge_chunk(1, block_d, block_p), num_warps=4, **pdl_options(out.device),
+        P_CHUNK=merge_chunk(1, block_d, block_p), num_warps=MERGE_KERNEL_WARPS, **pdl_options(out.device),
     )  # fmt: skip
 
 
