@@ -4,6 +4,10 @@
 # override them), which runs the GPU tests into $R/tests.log and prints their summary, and
 # decode_variants, which runs bench.decode_latency for each of VARIANTS="name|tree|args; ..." in order
 # (tree: . or an earlier tree; args: its flags) into $R/<name> and prints each one's table rows.
+# MUTANTS="name|file|sed; ..." first makes each tree $MUTANT_ROOT/<name> (default /tmp/ab_trees): a copy of
+# this tree's engine, kernels, bench and artifacts with the sed expression applied to kernels/<file>.py,
+# for one-line probes (session 17: the merge kernel's warps); it stops the call if a sed changed nothing.
+# The sed may hold neither "|" nor ";" (the separators here).
 OUT="${OUT:-bench/results/tmp}"
 R="$OUT/ab"
 BASE="${BASE:-build/base}"
@@ -34,3 +38,20 @@ decode_variants() {
         grep -E '^\| Llama' "$R/$name.log" | grep -E 'CUDA graphs \||\| [0-9]+ \| [0-9]+ \|' | tail -4
     done
 }
+MUTANT_ROOT="${MUTANT_ROOT:-/tmp/ab_trees}"
+make_mutants() {
+    local mutants mutant name file expr tree changed
+    IFS=';' read -r -a mutants <<<"${MUTANTS:-}"
+    for mutant in "${mutants[@]}"; do
+        IFS='|' read -r name file expr <<<"$mutant"
+        name="${name// /}" file="${file// /}"
+        [ -n "$name" ] || continue
+        tree="$MUTANT_ROOT/$name"
+        rm -rf "$tree" && mkdir -p "$tree" && cp -r engine kernels bench artifacts pyproject.toml "$tree"/
+        sed -i "$expr" "$tree/kernels/$file.py"
+        changed=$(diff "kernels/$file.py" "$tree/kernels/$file.py" | grep -c '^>')
+        echo "mutant $name: $changed line(s) of kernels/$file.py changed"
+        [ "$changed" -gt 0 ] || { echo "mutant $name changed nothing: its sed no longer matches"; exit 1; }
+    done
+}
+make_mutants
