@@ -178,6 +178,8 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         runner.graphs.enabled = graphs
     _run_request(engine, prompt, 16, sampling)  # warm-up of this mode
     ends = _run_request(engine, prompt, new_tokens, sampling)  # timed without the step timer's events
+    if len(ends) < new_tokens:  # ignore_eos: only a sampler that gave up (NaN logits, say) ends it early
+        raise RuntimeError(f"the request ended after {len(ends)} of {new_tokens} tokens: no timing")
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
     typical_ms = median(step_ms)
     runner.timer = StepTimer(engine.device)
