@@ -103,6 +103,10 @@ def choose_merge(head_dim: int) -> str:
     B = 16 L = 4k. Eager, the last split's merge adds ~3 us to its kernel at both head dims (ticket,
     then the parts from L2 in one program a group), the second kernel (on 4 warps then) costs 2.3 us at D = 64 and
     3.1 us at D = 128 (a program a query head over twice the width).
+    With the kernel on one warp (MERGE_KERNEL_WARPS, session 17) it beat the last split for the 8B too:
+    5.502 against 5.540 ms GPU step. D = 128 keeps the last split until decode attention's B = 16 L = 4k
+    row, where the 4-warp kernel lost 16 us, is measured with it
+    (bench/results/h100/decode_merge_session17/).
     """
     if DEFAULT_MERGE is not None:
         return DEFAULT_MERGE
