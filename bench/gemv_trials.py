@@ -34,6 +34,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from bench.gemv_sweep import L2_BYTES, SHAPES, _graph_us, _rotating, trial_device, write_trials  # noqa: E402
+from bench.report import table  # noqa: E402
 from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
 from kernels.gemv import gemv, weight_chunk, x_tile  # noqa: E402
 
@@ -127,16 +128,12 @@ def run_shape(num_out: int, num_in: int, read_bw: float | None, device: torch.de
 
 
 def _markdown(result: dict) -> str:
-    lines = [f"# One-token GEMV trials\n\n{result['meta']}\n",
-             "| shape | N x K | kernel | " + " | ".join(KEYS) + " | PDL | us | of read BW | max rel diff |",
-             "|---" * (len(KEYS) + 7) + "|"]  # fmt: skip
-    for row in result["rows"]:
-        tiles = " | ".join(str(row.get(k, "-")) for k in KEYS)
-        us = f"{row['us']:.1f}" if "us" in row else row.get("error", "-")
-        frac = f"{row['of_read_bw']:.0%}" if "of_read_bw" in row else "-"
-        lines.append(f"| {row['shape']} | {row['N']} x {row['K']} | {row['kernel']} | {tiles} | {row['pdl']} | "
-                     f"{us} | {frac} | {row.get('max_rel_diff', float('nan')):.1e} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    rows = [{**row, "shape_nk": f"{row['N']} x {row['K']}"} for row in result["rows"]]
+    return f"# One-token GEMV trials\n\n{result['meta']}\n\n" + table(rows, [
+        ("shape", "shape", ""), ("shape_nk", "N x K", ""), ("kernel", "kernel", ""),
+        *((key, key, "") for key in KEYS), ("pdl", "PDL", ""), ("us", "us", ".1f"),
+        ("of_read_bw", "of read BW", ".0%"), ("max_rel_diff", "max rel diff", ".1e"), ("error", "error", ""),
+    ], drop_absent=True) + "\n"  # fmt: skip
 
 
 def main(argv=None) -> dict:

@@ -46,6 +46,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from bench.gemv_sweep import L2_BYTES, _graph_us, trial_device, write_trials  # noqa: E402
+from bench.report import table  # noqa: E402
 from kernels._launch import num_sms  # noqa: E402
 from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
 from kernels.gemv import BLOCK_N as GEMV_ROWS  # noqa: E402
@@ -208,15 +209,11 @@ def run_shape(name: str, dims: tuple, device: torch.device, dry: bool, read_bw: 
 
 
 def _markdown(result: dict) -> str:
-    lines = [f"# Norm-prep epilogue trial\n\n{result['meta']}\n",
-             "| shape | chain | us (o_proj + gate/up chain) | of read BW | max rel diff | residual rel diff |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for row in result["rows"]:
-        us = f"{row['us']:.1f}" if "us" in row else "-"
-        frac = f"{row['of_read_bw']:.0%}" if "of_read_bw" in row else "-"
-        lines.append(f"| {row['shape']} | {row['chain']} | {us} | {frac} | {row['max_rel_diff']:.1e} | "
-                     f"{row['residual_rel_diff']:.1e} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return f"# Norm-prep epilogue trial\n\n{result['meta']}\n\n" + table(result["rows"], [
+        ("shape", "shape", ""), ("chain", "chain", ""), ("us", "us (o_proj + gate/up chain)", ".1f"),
+        ("of_read_bw", "of read BW", ".0%"), ("max_rel_diff", "max rel diff", ".1e"),
+        ("residual_rel_diff", "residual rel diff", ".1e"),
+    ]) + "\n"  # fmt: skip
 
 
 def main(argv=None) -> dict:

@@ -114,7 +114,8 @@ def choose_merge(head_dim: int) -> str:
 
 
 def merge_chunk(rows: int, block_d: int, block_p: int) -> int:
-    """Splits per merge load: 4096 fp32 elements (32 registers a thread at 4 warps)."""
+    """Splits per merge load: 4096 fp32 elements (32 registers a thread in the decode kernel's 4 warps,
+    128 in the merge kernel's one, MERGE_KERNEL_WARPS)."""
     return max(1, min(block_p, 4096 // (rows * block_d)))
 
 
