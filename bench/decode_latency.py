@@ -10,7 +10,8 @@ Per model it reports ms/token over the decode steps (wall clock of `LLMEngine.st
 host's per-step work counts), the floor (bytes per token / read bandwidth, bench/roofline.py)
 and the fraction of it reached, and per step: host time (staging, launches, scheduler,
 detokenizer), host time blocked on the GPU, and GPU time (CUDA events). A profile of a few
-eager steps splits GPU time by kernel kind. Writes engine_decode_latency.{json,md} into $OUT.
+eager steps splits GPU time by kernel kind, and one of graphed steps gives each kernel's share of the
+step's timeline (bench/step_profiles.py). Writes engine_decode_latency.{json,md} into $OUT.
 """
 
 from __future__ import annotations
@@ -208,52 +209,6 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
     }
 
 
-def _profile_eager_steps(engine, prompt: list[int], num_steps: int = 4) -> dict:
-    """GPU time of a few eager decode steps by kernel kind (torch.profiler), in us per step."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from engine.sampling_params import SamplingParams
-
-    if engine.runner.graphs is not None:
-        engine.runner.graphs.enabled = False
-    engine.add_request("profile", prompt, SamplingParams(temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
-    engine.step()  # prefill, outside the profile
-    torch.cuda.synchronize()  # async scheduling: the prefill may still be running
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        while engine.has_unfinished_requests():
-            engine.step()
-    kinds = {"gemm": 0.0, "attention": 0.0, "norm": 0.0, "rope": 0.0, "kv_store": 0.0, "silu_mul": 0.0, "other": 0.0}
-    others: dict[str, float] = {}
-    by_name: dict[str, tuple[float, float]] = {}
-    for event in prof.key_averages():
-        us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-        if us > 0:
-            us_sum, calls = by_name.get(event.key[:60], (0.0, 0.0))
-            by_name[event.key[:60]] = (us_sum + us / num_steps, calls + event.count / num_steps)
-        kind = _kernel_kind(event.key)
-        kinds[kind] += us / num_steps
-        if kind == "other" and us > 0:
-            others[event.key[:80]] = others.get(event.key[:80], 0.0) + us / num_steps
-    result = {k: round(v, 1) for k, v in kinds.items()}
-    # what "other" is made of: the five largest by GPU time (names cut to 80 characters)
-    result["other_top"] = {k: round(v, 1) for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:5]}
-    # every kernel by name (GPU us per step, calls per step), largest first: which one moved in an A/B
-    result["kernels"] = {k: [round(us, 1), round(calls, 1)] for k, (us, calls) in sorted(
-        by_name.items(), key=lambda kv: -kv[1][0])[:12]}  # fmt: skip
-    return result
-
-
-def _kernel_kind(name: str) -> str:
-    lowered = name.lower()
-    for needle, kind in (("gemm", "gemm"), ("gemv", "gemm"), ("cutlass", "gemm"), ("nvjet", "gemm"),
-                         ("decode", "attention"), ("combine", "attention"), ("rms", "norm"), ("rope", "rope"),
-                         ("store_kv", "kv_store"), ("silu", "silu_mul")):  # fmt: skip
-        if needle in lowered:
-            return kind
-    return "other"
-
-
 def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
     import torch
 
@@ -281,6 +236,7 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
 
     from bench.engine_common import free_device_memory, freeze_long_lived_objects, model_dir, vocab_size_of
     from bench.roofline import ModelCosts, decode_token_floor
+    from bench.step_profiles import profile_eager_steps, profile_graph_steps
 
     dtype = torch.float32 if dry_run else torch.bfloat16
     new_tokens = 24 if dry_run else NEW_TOKENS
@@ -298,7 +254,8 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
     row["graphs_sampling"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=True, sampling=SAMPLING)
     row["graphs_off"] = _measure_engine(engine_probe, prompt, new_tokens, graphs=False)
     if device.type == "cuda":
-        row["eager_profile_us_per_step"] = _profile_eager_steps(engine_probe, prompt)
+        row["eager_profile_us_per_step"] = profile_eager_steps(engine_probe, prompt)
+        row["graph_profile"] = profile_graph_steps(engine_probe, prompt)
     mean_context = PROMPT_LEN + (new_tokens - 1) / 2
     floor_s = decode_token_floor(costs, mean_context, ceilings["read_gbps"], ceilings["matmul_tflops"])
     row["floor_ms_per_token"] = floor_s * 1e3
@@ -320,6 +277,7 @@ GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
 def markdown(results: dict) -> str:
     from bench.engine_common import header
     from bench.report import table
+    from bench.step_profiles import profiles_markdown
 
     rows = []
     for name, r in results["models"].items():
@@ -370,18 +328,7 @@ def markdown(results: dict) -> str:
             ],
         ),  # fmt: skip
     ]
-    profiles = [(n, r["eager_profile_us_per_step"]) for n, r in results["models"].items()
-                if "eager_profile_us_per_step" in r]  # fmt: skip
-    if profiles:
-        kinds = [k for k in profiles[0][1] if k not in ("other_top", "kernels")]
-        parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us; the fused RoPE + KV store "
-                  "counts under rope):", "",
-                  table([{"model": n, **p} for n, p in profiles], [("model", "model", "")] +
-                        [(k, k, ".0f") for k in kinds])]  # fmt: skip
-        for name, profile in profiles:
-            top = "; ".join(f"`{k}` {v:.0f}" for k, v in profile.get("other_top", {}).items())
-            if top:
-                parts.append(f"\n{name}, largest 'other' kernels (us per step): {top}")
+    parts += profiles_markdown(results)
     return "\n".join(parts) + "\n"
 
 

@@ -22,7 +22,7 @@ from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 MERGES = ("last_split", "kernel")
 DEFAULT_MERGE: str | None = None  # None: choose_merge's rule; one of MERGES forces it (benchmark A/Bs)
-KERNEL_MERGE_MAX_HEAD_DIM = 64
+KERNEL_MERGE_MAX_HEAD_DIM = 128  # measured up to 128 (H100 and H200); D = 256 unmeasured keeps the last split
 # One warp a (sequence, query head): its chunk of at most 4096 parts' elements (merge_chunk) is 128
 # registers a thread, reduced over the splits without shared memory. H100, Llama-3.2-1B batch-1 decode,
 # GPU step, same call (bench/results/h100/decode_merge_session17/): 4 warps 1.057 / 1.056 ms, 2 warps
@@ -104,9 +104,11 @@ def choose_merge(head_dim: int) -> str:
     then the parts from L2 in one program a group), the second kernel (on 4 warps then) costs 2.3 us at D = 64 and
     3.1 us at D = 128 (a program a query head over twice the width).
     With the kernel on one warp (MERGE_KERNEL_WARPS, session 17) it beat the last split for the 8B too:
-    5.502 against 5.540 ms GPU step. D = 128 keeps the last split until decode attention's B = 16 L = 4k
-    row, where the 4-warp kernel lost 16 us, is measured with it
-    (bench/results/h100/decode_merge_session17/).
+    5.502 against 5.540 ms GPU step (H100, bench/results/h100/decode_merge_session17/). Session 18, one
+    H200 call (bench/results/h200/decode_merge_session18/): the kernel bench's rows at D = 128 were all
+    faster with the kernel (B = 1 L = 512 / 4k: 7.6 / 11.5 us against 8.6 / 13.9; B = 16 L = 1k / 4k:
+    24.0 / 70.4 against 24.4 / 71.0), and the 8B's GPU step 4.208 / 4.206 against 4.252 / 4.252 ms
+    (alternating), so the rule now takes the kernel up to D = 128.
     """
     if DEFAULT_MERGE is not None:
         return DEFAULT_MERGE

@@ -52,5 +52,5 @@ def test_merge_refuses_what_it_does_not_do(device):
         merge_splits(part_out, part_lse, torch.empty(1, 64, 2, device=device).transpose(1, 2))
 
 
-def test_the_merge_is_a_second_kernel_up_to_head_dim_64():
-    assert [choose_merge(d) for d in (32, 64, 80, 128, 256)] == ["kernel", "kernel"] + ["last_split"] * 3
+def test_the_merge_is_a_second_kernel_up_to_head_dim_128():
+    assert [choose_merge(d) for d in (32, 64, 80, 128, 256)] == ["kernel"] * 4 + ["last_split"]
