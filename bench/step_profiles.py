@@ -146,8 +146,8 @@ def profiles_markdown(results: dict) -> list[str]:
                 if "eager_profile_us_per_step" in r]  # fmt: skip
     if profiles:
         kinds = [k for k in profiles[0][1] if k not in ("other_top", "kernels")]
-        parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us; the fused RoPE + KV store "
-                  "counts under rope):", "",
+        parts += ["", "GPU time per eager decode step by kernel kind (torch.profiler, us; the fused RoPE + KV "
+                  "store counts under rope, the split merge under attention):", "",
                   table([{"model": n, **p} for n, p in profiles], [("model", "model", "")] +
                         [(k, k, ".0f") for k in kinds])]  # fmt: skip
         for name, profile in profiles:

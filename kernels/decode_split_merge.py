@@ -8,7 +8,7 @@ Precision contract: fp32 parts; the output within one rounding of its dtype of t
 
 Two places run it (kernels/decode_attention.py): the decode kernel's last split of each (sequence,
 KV head), through `merge_split_rows`, or `_merge_splits_kernel` after the decode kernel, one program a
-(sequence, query head). `choose_merge` picks one by head dim, from H100 measurements.
+(sequence, query head). `choose_merge` picks one by head dim, from H100 and H200 measurements.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def choose_merge(head_dim: int) -> str:
     3.1 us at D = 128 (a program a query head over twice the width).
     With the kernel on one warp (MERGE_KERNEL_WARPS, session 17) it beat the last split for the 8B too:
     5.502 against 5.540 ms GPU step (H100, bench/results/h100/decode_merge_session17/). Session 18, one
-    H200 call (bench/results/h200/decode_merge_session18/): the kernel bench's rows at D = 128 were all
+    H200 call (bench/results/h200/decode_session18/): the kernel bench's rows at D = 128 were all
     faster with the kernel (B = 1 L = 512 / 4k: 7.6 / 11.5 us against 8.6 / 13.9; B = 16 L = 1k / 4k:
     24.0 / 70.4 against 24.4 / 71.0), and the 8B's GPU step 4.208 / 4.206 against 4.252 / 4.252 ms
     (alternating), so the rule now takes the kernel up to D = 128.
