@@ -29,6 +29,7 @@ TARGET = ("cuda", 90, 32)  # H100: sm_90, warp size 32
 # Pointer arguments that are not bf16 activations or weights, by name.
 POINTER_TYPES = {
     "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32", "counter_ptr": "*i32",
+    "order_ptr": "*i64",
     "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "part_max_ptr": "*fp32", "part_idx_ptr": "*i32",
     "part_bad_ptr": "*i32", "pos_ptr": "*i64", "slot_ptr": "*i64", "cache_ptr": "*fp32", "cos_sin_ptr": "*fp32",
     "params_ptr": "*fp64", "packed_ptr": "*i64", "work_ptr": "*fp32", "kth_ptr": "*fp32", "hist_ptr": "*i32",
@@ -57,7 +58,7 @@ def _variants() -> list[Variant]:
     pdl = {"PDL": True}
     on = {"launch_pdl": True}
     decode = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_G=16, BLOCK_GROUP=4, BLOCK_N=64, PAGE_SIZE=16,
-                  BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)  # fmt: skip
+                  BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", ORDERED=False, **pdl)  # fmt: skip
     norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, PREFETCH=False, **pdl)
     gemv_sizes, norm_gemv_sizes = ("N", "K"), ("num_rows", "K")  # every Llama / Qwen projection's
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
@@ -94,6 +95,10 @@ def _variants() -> list[Variant]:
                                                            MERGE_HERE=True, EARLY_FIRST_TILE=False),
                 {"num_warps": 4, "num_stages": 3, **on},
                 "1 split"),
+        Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=1, BLOCK_P=1, P_CHUNK=1,
+                                                           MERGE_HERE=False, EARLY_FIRST_TILE=False, ORDERED=True),
+                {"num_warps": 4, "num_stages": 3, **on},
+                "1 split, longest first"),
         Variant("decode_split_merge", "_merge_splits_kernel",
                 dict(HEAD_DIM=64, BLOCK_D=64, NUM_SPLITS=33, BLOCK_P=64, P_CHUNK=64, **pdl), {"num_warps": 1, **on},
                 "D = 64 (1B)"),

@@ -14,8 +14,12 @@ whose programs start in the last wave leaves a tail that the short ones cannot f
 Rows, each the same total of keys (bytes = K and V of every sequence's context, read once):
 - uniform: every sequence at the mean length (the kernel bench's kind of row);
 - mixed, as scheduled: lengths uniform in [lo, hi], in random order;
-- mixed, longest first / shortest first: the same batch permuted (q, block tables, lengths), what a
-  grid order sorted by length inside the kernel would do without moving the batch;
+- mixed, longest first / shortest first: the same batch permuted (q, block tables, lengths): the grid
+  then takes the sequences in that order, but each KV head's programs after the last head's;
+- mixed, kernel order: the batch as scheduled with `order` (kernels/decode_attention.py's length_order):
+  the grid takes the longest sequence first, each sequence's KV heads together (the engine passes it
+  where wants_length_order says; session 18's call 8 also timed chunks of 16 sequences, heads outermost
+  within a chunk, and found no difference, so that variant is gone);
 - uniform and mixed with the context split in P = 2, 3, 4 (the engine's rule takes one split where the
   batch's programs fill the GPU twice over): splits even out long and short sequences' programs.
 """
@@ -38,8 +42,8 @@ import torch
 # (model, Hq, Hkv, D, batch, shortest, longest): the offline workload's contexts, prompt and output each
 # uniform in [100, 1024]
 CASES = (("Qwen3-0.6B", 16, 8, 128, 256, 100, 2048), ("Llama-3.1-8B", 32, 8, 128, 256, 100, 2048),
-         ("Qwen3-0.6B", 16, 8, 128, 128, 100, 2048), ("Qwen3-0.6B", 16, 8, 128, 64, 100, 2048),
-         ("Qwen3-0.6B", 16, 8, 128, 32, 100, 2048))  # fmt: skip
+         ("Qwen3-0.6B", 16, 8, 128, 128, 100, 2048), ("Qwen3-0.6B", 16, 8, 128, 96, 100, 2048),
+         ("Qwen3-0.6B", 16, 8, 128, 64, 100, 2048), ("Qwen3-0.6B", 16, 8, 128, 32, 100, 2048))  # fmt: skip
 DRY_CASES = (("tiny", 4, 1, 64, 5, 3, 40),)
 SPLITS = (2, 3, 4)
 
@@ -65,7 +69,12 @@ def permuted(inputs: tuple, order: torch.Tensor) -> tuple:
 def run_case(
     bench, case: tuple, dtype, read_bw: float | None, block_size: int, splits_sweep: bool = True
 ) -> list[dict]:
-    from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
+    from kernels.decode_attention import (
+        choose_num_splits,
+        length_order,
+        paged_decode_attention,
+        paged_decode_attention_ref,
+    )
 
     name, num_heads, num_kv_heads, head_dim, batch, lo, hi = case
     gen = torch.Generator().manual_seed(0)
@@ -77,19 +86,21 @@ def run_case(
     by_length = torch.tensor(lens).argsort(descending=True).to(bench.device)
     uniform = batch_inputs(num_heads, num_kv_heads, head_dim, [mean] * batch, bench.device, dtype, block_size)
     default = choose_num_splits(batch, num_kv_heads, bench.device)
-    variants = [("uniform", uniform, None, default), ("as scheduled", mixed, None, default),
-                ("longest first", permuted(mixed, by_length), by_length, default),
-                ("shortest first", permuted(mixed, by_length.flip(0)), by_length.flip(0), default)]  # fmt: skip
+    kernel_order = length_order(mixed[4])
+    variants = [("uniform", uniform, None, default, None), ("as scheduled", mixed, None, default, None),
+                ("longest first", permuted(mixed, by_length), by_length, default, None),
+                ("shortest first", permuted(mixed, by_length.flip(0)), by_length.flip(0), default, None)]  # fmt: skip
+    variants.append(("kernel order", mixed, None, default, kernel_order))
     for splits in SPLITS if splits_sweep else ():
-        variants += [("uniform", uniform, None, splits), ("as scheduled", mixed, None, splits)]
+        variants += [("uniform", uniform, None, splits, None), ("as scheduled", mixed, None, splits, None)]
     rows = []
-    for order, inputs, perm, splits in variants:
-        out = paged_decode_attention(*inputs, scale, num_splits=splits)
+    for order, inputs, perm, splits, grid_order in variants:
+        out = paged_decode_attention(*inputs, scale, num_splits=splits, order=grid_order)
         if order != "uniform":  # the same batch in another order: the same outputs, row for row
             torch.testing.assert_close(out, expected[perm] if perm is not None else expected, atol=2e-2, rtol=2e-2)
 
-        def call(*a, splits=splits):
-            return paged_decode_attention(*a, scale, num_splits=splits)
+        def call(*a, splits=splits, grid_order=grid_order):
+            return paged_decode_attention(*a, scale, num_splits=splits, order=grid_order)
 
         ms, timing = bench.measure(call, [inputs], graph=True)
         keys = int(inputs[4].sum())

@@ -31,6 +31,8 @@ class AttentionMetadata:
         max_query_len: largest number of new tokens of one sequence.
         max_seq_len: largest seq_lens entry.
         seq_lens_cpu, query_lens_cpu: host copies (the torch reference loops over them).
+        decode_order: [S] the sequences longest context first, for the decode kernel's grid, or None
+            (set by the model runner before each forward: engine.ops.decode_order).
     """
 
     slot_mapping: torch.Tensor
@@ -41,6 +43,7 @@ class AttentionMetadata:
     max_seq_len: int
     seq_lens_cpu: list[int]
     query_lens_cpu: list[int]
+    decode_order: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -112,6 +112,8 @@ class ModelRunner:
         self.graphs.capture_all()
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The model over one step; a captured graph replays this (the decode order's sort included)."""
+        meta.decode_order = ops.decode_order(meta, self.spec.num_kv_heads)
         return self.model(input_ids, positions, self.kv_caches, meta)
 
     # ---- warm-up --------------------------------------------------------
@@ -193,7 +195,7 @@ class ModelRunner:
         if bucket is not None:
             hidden = self.graphs.run(bucket)  # [T_b, H], rows past the real tokens are padding
         else:
-            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)  # [T, H]
+            hidden = self._forward(step.input_ids, step.positions, step.meta)  # [T, H]
         requests = [items[i].request for i in step.sampling]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         if not requests:

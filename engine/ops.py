@@ -284,6 +284,20 @@ def rope_store_kv(
     rope_store_kv_ref(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping, qk_norm=qk_norm)
 
 
+def decode_order(meta: AttentionMetadata, num_kv_heads: int) -> torch.Tensor | None:
+    """The decode kernel's order of the batch's sequences (longest context first) where the kernel
+    wants one (kernels/decode_attention.py's wants_length_order), else None. Computed once a step,
+    before the forward: a torch op, so it is complete before the step's first PDL kernel starts and
+    the kernel may read it before its wait (kernels/_pdl.py)."""
+    if not (meta.is_decode_only and use_triton(meta.seq_lens)):
+        return None
+    from kernels.decode_attention import length_order, wants_length_order
+
+    if not wants_length_order(meta.num_seqs, num_kv_heads, meta.seq_lens.device):
+        return None
+    return length_order(meta.seq_lens)
+
+
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention of q [T, Hq, D] over the paged pool kv_cache [2, N, B, Hkv, D] -> [T, Hq, D]."""
     k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -291,7 +305,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         if use_triton(q):
             from kernels.decode_attention import paged_decode_attention as kernel
 
-            return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
+            return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, order=meta.decode_order)
         return paged_decode_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
     if use_triton(q):
         from kernels.prefill_attention import paged_prefill_attention as kernel

@@ -20,9 +20,10 @@ The contract of every kernel here that takes a PDL flag:
   the kernels before finish:
   - model weights and tables (the rotary cos/sin), never written during inference: a projection's
     first weight tiles;
-  - the step's metadata (positions, slots, sequence lengths, block tables). The host stages it into
-    device buffers by copies and torch ops before the forward, whose first kernel (the embedding) is a
-    torch op launched without PDL, so all of it is complete before any PDL kernel of the step starts;
+  - the step's metadata (positions, slots, sequence lengths, block tables, the decode kernel's order of
+    the sequences). The host stages it into device buffers by copies and torch ops (the order: a torch
+    sort) before the forward, whose first kernel (the embedding) is a torch op launched without PDL, so
+    all of it is complete before any PDL kernel of the step starts;
   - in decode attention, the keys and values of the positions before each sequence's newest: stored by
     earlier steps (a decode step writes one slot a sequence, its newest; no other sequence writes into
     a block another reads, since only full blocks are shared);

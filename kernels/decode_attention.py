@@ -44,6 +44,9 @@ from kernels.paged_kv import check_paged_kv, gather_kv_tiles, load_kv_tile
 from kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
+# Longest context first only where a one-split grid holds more than this many programs an SM
+# (wants_length_order): more than one wave of the kernel's programs (4 fit an SM at 126 registers).
+ORDER_MIN_PROGRAMS_PER_SM = 4
 INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
 PROGRAMS_PER_SM = 2
 
@@ -55,11 +58,13 @@ def _decode_kernel(
     v_cache_ptr,  # [N, B, Hkv, D]
     block_tables_ptr,  # [S, M]
     seq_lens_ptr,  # [S]
+    order_ptr,  # [S] sequences longest first (read when ORDERED)
     out_ptr,  # [S, Hq, D] contiguous (written when NUM_SPLITS == 1)
     part_out_ptr,  # [S, Hq, P, BLOCK_D] fp32 (written when NUM_SPLITS > 1)
     part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
     counter_ptr,  # [>= S * Hkv] int32, zero between calls (used when NUM_SPLITS > 1)
     qk_scale,  # softmax scale * log2(e)
+    num_kv_heads,
     stride_qs,
     stride_qh,
     stride_kn,
@@ -81,13 +86,18 @@ def _decode_kernel(
     P_CHUNK: tl.constexpr,
     MERGE_HERE: tl.constexpr,  # the last split merges (else _merge_splits_kernel runs after)
     EARLY_FIRST_TILE: tl.constexpr,  # the first tile's earlier keys loaded before the PDL wait
+    ORDERED: tl.constexpr,  # grid (S * Hkv, 1, P) over order_ptr's sequences, KV heads fastest
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if ORDERED:  # the order is the step's metadata, staged before the forward: read before the wait
+        seq = tl.load(order_ptr + tl.program_id(0) // num_kv_heads).to(tl.int32)
+        kv_head = tl.program_id(0) % num_kv_heads
+    else:
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     # Before the wait, only what no kernel of this step writes (kernels/_pdl.py): the step's metadata,
     # and the keys and values of every position before the sequence's newest, which earlier steps
@@ -160,7 +170,7 @@ def _decode_kernel(
     # and lse -inf, which gives it weight 0 in the combine.
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    num_heads = GROUP * tl.num_programs(1)
+    num_heads = GROUP * num_kv_heads
     if NUM_SPLITS == 1:
         out_rows = (seq * num_heads + head).to(tl.int64) * HEAD_DIM
         tl.store(out_ptr + out_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -174,7 +184,7 @@ def _decode_kernel(
             # Every thread's partial stores come before the ticket (barrier), and the ticket
             # releases them to whichever program draws the last one (acq_rel at GPU scope).
             tl.debug_barrier()
-            counter = counter_ptr + seq * tl.num_programs(1) + kv_head
+            counter = counter_ptr + seq * num_kv_heads + kv_head
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if ticket == used_splits - 1:
                 first_row = (seq * num_heads + kv_head * GROUP).to(tl.int64)
@@ -197,6 +207,30 @@ def choose_num_splits(
     programs = num_seqs * num_kv_heads
     target = programs_per_sm * num_sms(device)
     return max(1, min(MAX_SPLITS, triton.cdiv(target, programs)))
+
+
+def wants_length_order(num_seqs: int, num_kv_heads: int, device: torch.device) -> bool:
+    """Whether a decode batch should be taken longest context first (paged_decode_attention's order):
+    where its programs take one split each, so a program's time is its sequence's length, and are more
+    than one wave (over ORDER_MIN_PROGRAMS_PER_SM an SM), so a long sequence dispatched late is the
+    kernel's tail. Under the interpreter whenever S > 1, so that the CPU tests take the path.
+
+    H100, Qwen3-0.6B heads, lengths uniform in [100, 2048], us (bench/results/h100/decode_session18/,
+    calls 7-8): B = 256 388 -> 369 (91% -> 96% of the read bandwidth; the same keys in equal lengths:
+    372), B = 128 215 -> 190, B = 96 173 -> 156; but B = 64, 512 programs, all resident at once,
+    118 -> 126, so it keeps the batch's order there. Offline Qwen3-0.6B: 19,3xx -> 19,7xx-20,0xx tok/s.
+    """
+    if num_seqs < 2:
+        return False
+    if device.type != "cuda":
+        return interpreting()
+    more_than_a_wave = num_seqs * num_kv_heads > ORDER_MIN_PROGRAMS_PER_SM * num_sms(device)
+    return more_than_a_wave and choose_num_splits(num_seqs, num_kv_heads, device) == 1
+
+
+def length_order(seq_lens: torch.Tensor) -> torch.Tensor:
+    """The sequences longest context first (a torch sort on the device: no host sync, graph-safe)."""
+    return torch.argsort(seq_lens, descending=True)
 
 
 def reads_first_tile_early(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> bool:
@@ -249,6 +283,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     tiles: dict | None = None,
     merge: str | None = None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence q [S, Hq, D] over its paged K/V -> new tensor [S, Hq, D].
 
@@ -256,6 +291,9 @@ def paged_decode_attention(
     from the batch and the SM count. tiles overrides BLOCK_N, num_warps or num_stages.
     merge: where split parts are merged, "last_split" (the decode kernel's last program
     of each group) or "kernel" (a second kernel); see MERGES. None: choose_merge(D).
+    order: [S] integer, a permutation of the sequences, longest context first (`length_order`): the
+    grid takes them in that order, every KV head of a sequence together (wants_length_order says where
+    the engine passes it). The output rows stay in the batch's order.
     """
     check_device(_decode_kernel, "q, k_cache, v_cache, block_tables and seq_lens",
                  q, k_cache, v_cache, block_tables, seq_lens)  # fmt: skip
@@ -271,6 +309,10 @@ def paged_decode_attention(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, q.device)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if order is not None and (order.shape != (num_seqs,) or order.dtype not in (torch.int32, torch.int64)
+                              or order.device != q.device):  # fmt: skip
+        raise ValueError(f"order must be an integer [{num_seqs}] tensor on q's device, got {tuple(order.shape)} "
+                         f"{order.dtype} on {order.device}")  # fmt: skip
     merge = choose_merge(head_dim) if merge is None else merge
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
@@ -284,9 +326,10 @@ def paged_decode_attention(
         counters = ticket_counters(num_seqs * num_kv_heads, q.device)
     else:
         part_out = part_lse = counters = out  # not read or written
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, counters,
-        scale * math.log2(math.e),
+    grid = (num_seqs * num_kv_heads, 1, num_splits) if order is not None else (num_seqs, num_kv_heads, num_splits)
+    _decode_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, order if order is not None else seq_lens, out, part_out,
+        part_lse, counters, scale * math.log2(math.e), num_kv_heads,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -296,6 +339,7 @@ def paged_decode_attention(
         BLOCK_P=block_p, P_CHUNK=merge_chunk(triton.next_power_of_2(group), block_d, block_p),
         MERGE_HERE=merge == "last_split",
         EARLY_FIRST_TILE=reads_first_tile_early(num_seqs, num_kv_heads, num_splits, q.device),
+        ORDERED=order is not None,
         DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         **config, **pdl_options(q.device),
     )  # fmt: skip

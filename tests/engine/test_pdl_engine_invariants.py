@@ -3,7 +3,9 @@ griddepcontrol.wait is only safe because the engine keeps three promises, checke
 through the Triton kernels (interpreter) where they have a CPU form:
 
 1. The step's metadata (input ids, positions, slots, sequence lengths, block tables) is staged into
-   the InputBatch's device buffers before the forward, and nothing in the forward writes them.
+   the InputBatch's device buffers before the forward, and nothing in the forward writes them. The
+   decode kernel's order of the sequences (longest first) is sorted from them by a torch op before the
+   forward (engine.ops.decode_order), and the forward leaves it alone too.
 2. The forward's first operation is the embedding, a torch op (on CUDA a kernel launched without
    PDL): no PDL kernel of the step can start before the staged metadata is complete.
 3. A step writes K/V only into blocks that its own sequence holds alone. Decode attention loads the
@@ -84,13 +86,23 @@ def test_the_forward_starts_with_the_embedding_and_leaves_the_staged_metadata_al
     events: list[str] = []
     _record_triton_launches(monkeypatch, events)
 
+    orders_seen = []
+
     def watched_forward(*args, **kwargs):
         before = {name: t.clone() for name, t in staged.items()}
+        meta = args[3]
+        if meta.decode_order is not None:  # complete before the forward: longest context first
+            lens = meta.seq_lens[meta.decode_order].tolist()
+            assert sorted(meta.decode_order.tolist()) == list(range(meta.num_seqs)) and lens == sorted(lens)[::-1]
+            before["decode order"] = meta.decode_order.clone()
+            orders_seen.append(meta.num_seqs)
         events.clear()
         with _FirstOps(events):
             hidden = original_forward(*args, **kwargs)
         for name, t in staged.items():
             assert torch.equal(t, before[name]), f"the forward wrote the staged step metadata ({name} buffer)"
+        if meta.decode_order is not None:
+            assert torch.equal(meta.decode_order, before["decode order"]), "the forward wrote the decode order"
         forwards.append(list(events))
         return hidden
 
@@ -98,6 +110,7 @@ def test_the_forward_starts_with_the_embedding_and_leaves_the_staged_metadata_al
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     run_staggered(engine, _prompts()[:3], params, [0, 0, 1])
     assert len(forwards) >= 4  # prefill, mixed and decode steps
+    assert orders_seen and max(orders_seen) >= 2  # decode steps of several sequences took the sorted grid
     for ops in forwards:
         assert any(op.startswith("triton:") for op in ops), ops[:10]  # the kernels really ran
         assert ops[0] == "torch:embedding", ops[:5]

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from kernels._launch import ticket_counters
-from kernels.decode_attention import choose_num_splits, paged_decode_attention, paged_decode_attention_ref
+from kernels._launch import interpreting, ticket_counters
+from kernels.decode_attention import choose_num_splits, length_order, paged_decode_attention, paged_decode_attention_ref
 from kernels.decode_split_merge import MERGES
 from kernels.paged_kv import tma_fits
 from kernels.prefill_attention import (
@@ -215,6 +215,28 @@ def test_split_merge_tickets_return_to_zero(paged_batch):
         assert int(ticket_counters(1, batch.q.device).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("num_splits,merge", [(1, None), (4, "last_split"), (4, "kernel")],
+                         ids=["1_split", "4_splits-last_split", "4_splits-kernel"])  # fmt: skip
+@pytest.mark.parametrize("case", DECODE_CASES, ids=_case_id)
+def test_decode_in_length_order_writes_each_sequence_its_own_row(case, num_splits, merge, paged_batch):
+    """`order` only changes which program takes which sequence (longest first, every KV head of one
+    sequence together): each output row stays its sequence's, for the sort the engine passes and for an
+    arbitrary permutation (a row written at its rank would swap two sequences' outputs)."""
+    context_lens, num_heads, num_kv_heads, head_dim, block_size = case
+    batch = paged_batch([1] * len(context_lens), context_lens, num_heads, num_kv_heads, head_dim, block_size,
+                        torch.float32)  # fmt: skip
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 1.0 / math.sqrt(head_dim))
+    ref = paged_decode_attention_ref(*args)
+    shuffled = torch.randperm(len(context_lens), generator=torch.Generator().manual_seed(3)).to(batch.q.device)
+    by_length = length_order(batch.seq_lens)
+    assert batch.seq_lens[by_length].tolist() == sorted(batch.seq_lens.tolist(), reverse=True)
+    for order in (by_length, shuffled.to(torch.int32)):
+        out = paged_decode_attention(*args, num_splits=num_splits, merge=merge, order=order)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="order must be an integer"):
+        paged_decode_attention(*args, order=by_length[:-1] if len(context_lens) > 1 else by_length.float())
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA GPU")
 def test_split_decode_in_a_cuda_graph_merges_on_every_replay(paged_batch):
     batch = paged_batch([1] * 4, [3000, 17, 700, 4095], 32, 8, 128, 16, torch.bfloat16)
@@ -273,6 +295,10 @@ def test_split_and_early_tile_rules_at_an_h100s_sm_count(monkeypatch):
     assert not decode.reads_first_tile_early(17, 8, 2, cuda)  # 136 > 132
     assert not decode.reads_first_tile_early(64, 8, 1, cuda)  # one split: nothing to overlap, registers kept
     assert decode.reads_first_tile_early(1, 8, 3, torch.device("cpu"))  # the interpreter runs the early path
+    # longest first only in one-split grids of more than one wave (over 4 programs an SM: S * 8 > 528)
+    assert [decode.wants_length_order(s, 8, cuda) for s in (1, 16, 33, 66, 67, 256)] == [False] * 4 + [True] * 2
+    assert decode.wants_length_order(2, 8, torch.device("cpu")) == interpreting()  # the CPU tests take the path
+    assert not decode.wants_length_order(1, 8, cuda)
 
 
 def _dense_attention_float64(q, k, v, scale):
