@@ -20,6 +20,9 @@ without keys (a context shorter than P tiles) write no part and draw no ticket t
 last of the splits that hold keys merges theirs. Which merge runs depends on the head dim
 (kernels/decode_split_merge.py: the merge, its kernel and choose_merge). P is chosen from the
 SM count: enough programs for about two per SM, one when S * Hkv already fills the GPU.
+Given `order` (the engine passes one for one-split grids of more than a wave: wants_length_order),
+the grid is (S * Hkv, 1, P) over the sequences longest context first, each one's KV heads together, so
+that long sequences never start in the last wave; output rows stay in the batch's order.
 With PDL, where programs are few (reads_first_tile_early), each program loads its first
 tile's keys and values before griddepcontrol.wait, all but the newest position's, which this
 step's KV store writes; that row is loaded after the wait (kernels/_pdl.py says why the rest is
