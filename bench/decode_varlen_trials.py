@@ -6,7 +6,8 @@ in the order the batch comes and sorted by length.
 
 Why: the kernel bench's decode rows give every sequence one length and read 96-97% of the measured
 bandwidth at B = 64..256, but the offline benchmark's graphed decode steps, whose batches hold contexts
-of ~100 to ~2000 tokens, reach 78% of their floor (Qwen3-0.6B, bench/results/h100/engine_offline_throughput.md).
+of ~100 to ~2000 tokens, reached 78% of their floor (Qwen3-0.6B, session 10's run:
+bench/results/h100/engine_offline_throughput_before_length_order.md).
 With S x Hkv programs enough to fill the GPU, decode attention takes one split: one program a (sequence,
 KV head), whose time grows with its context. Programs are dispatched in grid order, so a long sequence
 whose programs start in the last wave leaves a tail that the short ones cannot fill.
@@ -22,6 +23,11 @@ Rows, each the same total of keys (bytes = K and V of every sequence's context, 
   within a chunk, and found no difference, so that variant is gone);
 - uniform and mixed with the context split in P = 2, 3, 4 (the engine's rule takes one split where the
   batch's programs fill the GPU twice over): splits even out long and short sequences' programs.
+
+Measured (H100, session 18, bench/results/h200/decode_session18/README.md): at B = 256 the mixed batch
+read 91% of the bandwidth as scheduled and 96% in the kernel order (equal lengths 95-96%); B = 128 83% ->
+94%; B = 64 got slower in the kernel order (81% -> 75%), so the engine orders only grids of more than one
+wave. Splits helped mixed batches at B = 64-128 by up to 5 points and cost equal-length ones 3-6.
 """
 
 from __future__ import annotations

@@ -221,7 +221,8 @@ def wants_length_order(num_seqs: int, num_kv_heads: int, device: torch.device) -
     H100, Qwen3-0.6B heads, lengths uniform in [100, 2048], us (bench/results/h100/decode_session18/,
     calls 7-8): B = 256 388 -> 369 (91% -> 96% of the read bandwidth; the same keys in equal lengths:
     372), B = 128 215 -> 190, B = 96 173 -> 156; but B = 64, 512 programs, all resident at once,
-    118 -> 126, so it keeps the batch's order there. Offline Qwen3-0.6B: 19,3xx -> 19,7xx-20,0xx tok/s.
+    118 -> 126, so it keeps the batch's order there. Offline Qwen3-0.6B, alternating with the tree
+    before: 19,313-19,474 -> 19,713-20,001 output tok/s, the decode steps' GPU 7.12-7.13 -> 6.92-6.96 s.
     """
     if num_seqs < 2:
         return False
