@@ -33,11 +33,9 @@ wave. Splits helped mixed batches at B = 64-128 by up to 5 points and cost equal
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
-from pathlib import Path
 
 if __name__ == "__main__" and "--dry-run" in sys.argv:  # before triton is imported (kernels/interpreter.py)
     from kernels.interpreter import use_cpu_interpreter
@@ -118,7 +116,7 @@ def run_case(
         keys = int(inputs[4].sum())
         nbytes = 2 * keys * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
         rows.append({"model": name, "B": batch, "lengths": f"{lo}-{hi}" if order != "uniform" else str(mean),
-                     "order": order, "splits": splits, "engine_splits": splits == default, "us": ms * 1e3,
+                     "order": order, "splits": splits, "us": ms * 1e3,
                      "gbps": nbytes / (ms * 1e-3) / 1e9, "timing": timing,
                      "of_read_bw": nbytes / (ms * 1e-3) / 1e9 / read_bw if read_bw else None})  # fmt: skip
     del mixed, uniform, variants
@@ -138,18 +136,14 @@ def _markdown(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results/tmp"))
-    parser.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, correctness only")
-    args = parser.parse_args(argv)
     from bench.attention_suites import POOL_BLOCK_SIZE
-    from bench.gemv_sweep import trial_device, write_trials
+    from bench.gemv_sweep import trial_arguments, trial_device, write_trials
     from bench.kernel_timing import Bench
 
+    args = trial_arguments(__doc__, argv)
     torch.manual_seed(0)
     device, read_bw, meta = trial_device(args.dry_run)
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
-    bench = Bench(device=device, dry_run=args.dry_run, l2_bytes=l2)
+    bench = Bench.on(device, args.dry_run)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     rows = []
     for case in DRY_CASES if args.dry_run else CASES:

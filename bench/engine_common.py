@@ -91,8 +91,7 @@ def ceilings(device: torch.device, dry_run: bool) -> dict:
     """Read bandwidth (large reduction) and bf16 matmul rate, measured now (bench/kernel_timing.py)."""
     from bench.kernel_timing import Bench, measure_ceilings
 
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
-    return measure_ceilings(Bench(device=device, dry_run=dry_run, l2_bytes=l2))
+    return measure_ceilings(Bench.on(device, dry_run))
 
 
 # A dry run's stand-in for any shape: the same architecture, tiny (CPU, code paths only).

@@ -12,6 +12,7 @@ and did not win.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -88,6 +89,14 @@ def _graph_us(fn: Callable[[], object], calls: int = 20, repeats: int = 15) -> f
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls * 1000)
     return sorted(times)[len(times) // 2]
+
+
+def trial_arguments(doc: str, argv=None) -> argparse.Namespace:
+    """The command line of a trials script: --out DIR (default bench/results/tmp) and --dry-run."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/tmp"))
+    parser.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, correctness only")
+    return parser.parse_args(argv)
 
 
 def trial_device(dry_run: bool) -> tuple[torch.device, float | None, str]:

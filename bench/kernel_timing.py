@@ -35,6 +35,12 @@ class Bench:
     dry_run: bool
     l2_bytes: int
 
+    @classmethod
+    def on(cls, device: torch.device, dry_run: bool) -> Bench:
+        """A Bench on `device`, with its L2 size read from the device (0 on the CPU)."""
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+        return cls(device=device, dry_run=dry_run, l2_bytes=l2)
+
     def rotations(self, bytes_per_call: int) -> int:
         return 1 if self.dry_run else rotations(bytes_per_call, self.l2_bytes)
 

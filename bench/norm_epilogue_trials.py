@@ -31,9 +31,7 @@ to cost; it was not built into the engine.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 if __name__ == "__main__" and "--dry-run" in sys.argv:  # before triton is imported (kernels/interpreter.py)
     from kernels.interpreter import use_cpu_interpreter
@@ -45,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.gemv_sweep import L2_BYTES, _graph_us, trial_device, write_trials  # noqa: E402
+from bench.gemv_sweep import L2_BYTES, _graph_us, trial_arguments, trial_device, write_trials  # noqa: E402
 from bench.report import table  # noqa: E402
 from kernels._launch import num_sms  # noqa: E402
 from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
@@ -217,10 +215,7 @@ def _markdown(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results/tmp"))
-    parser.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes, correctness only")
-    args = parser.parse_args(argv)
+    args = trial_arguments(__doc__, argv)
     torch.manual_seed(0)
     device, read_bw, meta = trial_device(args.dry_run)
     if args.dry_run:

@@ -22,17 +22,6 @@ if has trials; then
     grep -E '^\| (Qwen|Llama)' "$R/trials/decode_varlen_trials.md"
 fi
 
-if has offline; then
-    IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS}"
-    for variant in "${variants[@]}"; do
-        IFS='|' read -r name tree args <<<"$variant"
-        name="${name// /}" tree="${tree// /}"
-        out_abs="$(cd "$R" && pwd)/$name"
-        # shellcheck disable=SC2086  # args is a list of flags
-        (cd "$tree" && PYTHONPATH="$PWD:${PYTHONPATH:-}" timeout "${OFFLINE_TIMEOUT_S:-150}" python3 -m \
-            bench.offline_throughput --skip-hf $args --out "$out_abs") >"$R/$name.log" 2>&1
-        echo "== $name ($tree $args) rc $?"
-        grep -E '^\| (Qwen|Llama)' "$out_abs/engine_offline_throughput.md" | head -4
-    done
-fi
+offline_rows() { grep -E '^\| (Qwen|Llama)' "$2/engine_offline_throughput.md" | head -4; }
+has offline && run_variants bench.offline_throughput "${OFFLINE_TIMEOUT_S:-150}" offline_rows
 tar -C "$OUT" -czf "$OUT/ab.tgz" ab && rm -rf "$R"
