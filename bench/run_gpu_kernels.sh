@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the kernel tests for real on the GPU, then the kernel benchmarks.
-# Run from the repo root:  bash bench/run_gpu_kernels.sh
+# Run from the repo root:  bash bench/run_gpu_kernels.sh   (carry .whl: tests/conftest.py imports redis,
+# which the GPU machine lacks; bench/gpu_carry.sh builds it, bench/gpu_env.sh installs it there)
 # Writes into $OUT (default bench/results/tmp): gpu.txt, tests.log, bench.log, kernels.json, kernels.md,
 # and ncu.txt: Nsight Compute's report of the kernels whose goals are missed (bench/kernel_profile.py;
 # skipped when ncu is absent or PROFILE=0; PROFILE_CASES names a subset).
@@ -10,6 +11,7 @@
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
+source bench/gpu_env.sh
 PYTHON="${PYTHON:-python3}"
 export OUT PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
