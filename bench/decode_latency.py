@@ -218,7 +218,10 @@ def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
     ids = torch.tensor([prompt], device=device)
     times = {}
     with torch.inference_mode():
-        for n in (HF_TOKENS[0],) + HF_TOKENS:  # the first run warms up
+        # The first, untimed run covers every context length the timed ones meet: transformers' sdpa runs
+        # cuDNN attention on an H100, which builds a plan for each new shape (~2x a step when cold,
+        # bench/results/h100/peer_full_session19/); before 2026-11-26 the 32 steps of the slope were cold.
+        for n in (max(HF_TOKENS),) + HF_TOKENS:
             synchronize(device)
             start = time.perf_counter()
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,

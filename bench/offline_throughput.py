@@ -5,10 +5,14 @@ the workload's roofline fraction (bench/roofline.py); transformers' `generate` a
     python -m bench.offline_throughput              # on a CUDA GPU, from the repo root
     python -m bench.offline_throughput --dry-run    # CPU: tiny shape, few sequences, code paths only
 
-The peer runs a subset (the first 64 sequences as one left-padded batch, 128 new tokens each):
-the whole workload would take it minutes. Its full-workload time is extrapolated from that run
-as 4 batches of 64, each a prefill plus (longest output - 1) decode steps at the measured step
-time; that ignores its attention cost growing with context, so it flatters the peer.
+The peer runs a subset (the first 64 sequences as one left-padded batch, 128 new tokens each),
+once untimed and then timed: the whole workload would take it minutes. Its full-workload time is
+extrapolated from that run as 4 batches of 64, each a prefill plus (longest output - 1) decode
+steps at the measured step time; that ignores its attention cost growing with context, so it
+flatters the peer. The untimed pass matters: transformers' sdpa runs cuDNN attention on an H100,
+which builds a plan for every new context length, so a cold process's steps cost ~2x (before
+2026-11-26 this subset was timed cold). bench/hf_full_workload.py measures the peer over the
+whole workload instead, in workload order and grouped by output length (its best case).
 Writes engine_offline_throughput.{json,md} into $OUT.
 """
 
@@ -157,16 +161,16 @@ def _measure_hf(directory: Path, device, dtype, prompts, output_lens, dry_run: b
         mask[row, width - len(prompt) :] = 1
     ids, mask = ids.to(device), mask.to(device)
 
-    def generate(model, n: int, rows: int = batch) -> float:
+    def generate(model, n: int) -> float:
         synchronize(device)
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids[:rows], attention_mask=mask[:rows], max_new_tokens=n, min_new_tokens=n,
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                            do_sample=False, pad_token_id=0)  # fmt: skip
         synchronize(device)
         return time.perf_counter() - start
 
-    generate(model, 4, rows=2)  # warm-up
+    generate(model, new_tokens)  # untimed: cuDNN's attention plans for every context length of the subset
     prefill_s = generate(model, 1)
     full_s = generate(model, new_tokens)
     del model
@@ -284,7 +288,8 @@ def markdown(results: dict) -> str:
         parts += [
             "",
             f"transformers `generate` (eager, sdpa attention), the first {HF_BATCH} sequences as one left-padded "
-            f"batch, {HF_NEW_TOKENS} new tokens each (measured); extrapolated to the whole workload as batches of "
+            f"batch, {HF_NEW_TOKENS} new tokens each (measured after one untimed pass); extrapolated to the whole "
+            "workload as batches of "
             f"{HF_BATCH}, each a prefill plus (longest output - 1) steps at the measured step time (flatters it: "
             "its per-step attention cost grows with context).",
             "",

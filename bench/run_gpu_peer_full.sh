@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: the engine's offline run, then transformers over the whole offline workload on
+# the same machine (bench/hf_full_workload.py), so the ratio compares two figures of one run.
+# Run from the repo root:  MODELS=Llama-3.1-8B bash bench/run_gpu_peer_full.sh
+#   MODELS   comma-separated (default Llama-3.1-8B)
+#   ORDER    by_output (default: the peer's best case) or arrival
+#   BATCHES  the peer's batch indices to run (default all); a cut-off run's rest goes into another
+#            call, and `python -m bench.hf_full_workload --combine` merges the two JSON files
+#   COLD=1   times the peer without its warm-up (bench/hf_full_workload.py's warm_up_steps)
+#   ENGINE=0 leaves out the engine's run; PEER_TIMEOUT_S (default 480) bounds the peer
+# Writes into $OUT: gpu.txt, run.log, engine_offline_throughput.{json,md}, hf_full_workload.{json,md}.
+set -uo pipefail
+
+OUT="${OUT:-bench/results/tmp}"
+PYTHON="${PYTHON:-python3}"
+MODELS="${MODELS:-Llama-3.1-8B}"
+export OUT PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+LOG="$OUT/run.log"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
+"$PYTHON" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+
+engine_rc=0
+if [ "${ENGINE:-1}" = 1 ]; then
+    timeout "${ENGINE_TIMEOUT_S:-150}" "$PYTHON" -m bench.offline_throughput --skip-hf --models "$MODELS" --out "$OUT" 2>&1 | tee "$LOG"
+    engine_rc=${PIPESTATUS[0]}
+fi
+timeout "${PEER_TIMEOUT_S:-480}" "$PYTHON" -m bench.hf_full_workload --models "$MODELS" --order "${ORDER:-by_output}" \
+    --batches "${BATCHES:-}" --out "$OUT" $([ "${COLD:-0}" = 1 ] && echo --cold) 2>&1 | tee -a "$LOG"
+peer_rc=${PIPESTATUS[0]}
+echo "exit codes (124 = ran out of time): engine $engine_rc, peer $peer_rc" | tee -a "$LOG"
+[ "$engine_rc" -eq 0 ] && [ "$peer_rc" -eq 0 ]

@@ -1,0 +1,69 @@
+"""bench/hf_full_workload.py: transformers over the whole offline workload, batch by batch. Its
+batching, the split of a run over two calls and the report, on the CPU with a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.hf_full_workload import batch_indices, combine, main, summarize, warm_up_steps
+
+
+def test_batches_cover_every_sequence_once_in_both_orders():
+    output_lens = [5, 1, 9, 3, 7, 2, 8]
+    assert batch_indices(output_lens, 3, "arrival") == [[0, 1, 2], [3, 4, 5], [6]]
+    by_output = batch_indices(output_lens, 3, "by_output")
+    assert by_output == [[1, 5, 3], [0, 4, 6], [2]]  # lengths 1 2 3 | 5 7 8 | 9
+    with pytest.raises(ValueError, match="order must be one of"):
+        batch_indices(output_lens, 3, "random")
+
+
+def test_grouping_by_output_length_wastes_fewer_steps_on_the_benchmark_workload():
+    from bench.offline_throughput import workload
+
+    _, _, output_lens = workload(128256, 256, 100, 1024, seed=0)
+    def steps(order: str) -> int:  # a batch runs as many steps as its longest output
+        return sum(max(output_lens[i] for i in b) for b in batch_indices(output_lens, 64, order))
+
+    assert steps("by_output") < 0.75 * steps("arrival")
+
+
+def test_warm_up_meets_every_context_length_the_timed_batches_meet():
+    prompt_lens = [30, 10, 20, 25]
+    output_lens = [5, 40, 7, 3]
+    batches = [[0, 1], [2, 3]]  # padded widths 30 and 25; contexts reach 30 + 40 and 25 + 7
+    assert warm_up_steps(batches, prompt_lens, output_lens) == (1, 70 - 25)
+
+
+def test_dry_run_split_over_two_calls_combines_into_the_whole_workload(tmp_path):
+    first = main(["--dry-run", "--models", "Qwen3-0.6B", "--batches", "0", "--out", str(tmp_path / "a")])
+    row = first["models"]["Qwen3-0.6B"]
+    assert row["num_batches"] == 2 and [b["index"] for b in row["batches"]] == [0]
+    assert row["summary"]["complete"] is False and "output_tok_s" not in row["summary"]
+
+    # the engine's figure from the second call's run, as bench.offline_throughput writes it
+    (tmp_path / "b").mkdir()
+    engine = {"models": {"Qwen3-0.6B": {"output_tok_s": 1000.0}}}
+    (tmp_path / "b" / "engine_offline_throughput.json").write_text(json.dumps(engine))
+    main(["--dry-run", "--models", "Qwen3-0.6B", "--batches", "1", "--out", str(tmp_path / "b")])
+
+    parts = [str(tmp_path / run / "hf_full_workload.json") for run in ("a", "b")]
+    merged = main(["--combine", *parts, "--out", str(tmp_path / "all")])
+    summary = merged["models"]["Qwen3-0.6B"]["summary"]
+    assert summary["complete"] and summary["useful_tokens"] == row["output_tokens"]
+    assert summary["engine_x_peer"] == pytest.approx(1000.0 / summary["output_tok_s"])
+    assert 0 < summary["useful_fraction"] <= 1
+    report = (tmp_path / "all" / "hf_full_workload.md").read_text()
+    assert "| Qwen3-0.6B | by_output | warm | 2/2 |" in report
+    assert row["warm_up_s"] > 0
+
+    with pytest.raises(ValueError, match="batch measured twice"):
+        combine([merged["models"]["Qwen3-0.6B"], merged["models"]["Qwen3-0.6B"]])
+
+
+def test_summary_refuses_batches_that_do_not_add_up_to_the_workload():
+    row = {"model": "m", "num_batches": 1, "output_tokens": 10,
+           "batches": [{"index": 0, "seqs": 2, "new_tokens": 4, "useful_tokens": 7, "s": 1.0}]}  # fmt: skip
+    with pytest.raises(ValueError, match="batches hold 7 output tokens, the workload 10"):
+        summarize(row, None)
