@@ -10,7 +10,7 @@ throughput counts only the tokens the workload asks for. Two orders:
 
 - `by_output` (default): sequences grouped by output length, so a batch's outputs end together:
   the least waste `generate` allows, since ignore_eos makes every output length known in advance.
-  The peer's best case, so a ratio against it is the conservative one.
+  The best order for generate's batches, so a ratio against it is the conservative one.
 - `arrival`: workload order, as a server that cannot know output lengths would batch them (the
   order the subset extrapolation assumes).
 
@@ -208,7 +208,7 @@ def markdown(results: dict) -> str:
         f"transformers `generate` (eager, sdpa attention, random bf16 weights), the offline workload's {NUM_SEQS} "
         f"sequences (seed 0, lengths uniform in [{MIN_LEN}, {MAX_LEN}]) as left-padded batches of {BATCH}, each "
         "generating its longest output; output tok/s counts the workload's output tokens only ('useful'). "
-        "Order by_output groups sequences of similar output length (the peer's best case); arrival keeps "
+        "Order by_output groups sequences of similar output length (the least-waste order); arrival keeps "
         "workload order. 'process': warm when an untimed generate met every context length first "
         "(warm_up_steps), else cold. 'engine' is inferq's offline output tok/s from the same run "
         "(engine_offline_throughput.json).",

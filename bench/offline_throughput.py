@@ -12,7 +12,7 @@ steps at the measured step time; that ignores its attention cost growing with co
 flatters the peer. The untimed pass matters: transformers' sdpa runs cuDNN attention on an H100,
 which builds a plan for every new context length, so a cold process's steps cost ~2x (before
 2026-11-26 this subset was timed cold). bench/hf_full_workload.py measures the peer over the
-whole workload instead, in workload order and grouped by output length (its best case).
+whole workload instead, in workload order and grouped by output length (the least-waste order).
 Writes engine_offline_throughput.{json,md} into $OUT.
 """
 
