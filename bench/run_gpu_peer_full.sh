@@ -3,15 +3,18 @@
 # the same machine (bench/hf_full_workload.py), so the ratio compares two figures of one run.
 # Run from the repo root:  MODELS=Llama-3.1-8B bash bench/run_gpu_peer_full.sh
 #   MODELS   comma-separated (default Llama-3.1-8B)
-#   ORDER    by_output (default: the peer's best case) or arrival
+#   ORDER    by_output (default: batches grouped by output length, the least-waste order) or arrival
 #   BATCHES  the peer's batch indices to run (default all); a cut-off run's rest goes into another
 #            call, and `python -m bench.hf_full_workload --combine` merges the two JSON files
 #   COLD=1   times the peer without its warm-up (bench/hf_full_workload.py's warm_up_steps)
-#   ENGINE=0 leaves out the engine's run; PEER_TIMEOUT_S (default 480) bounds the peer
+#   ENGINE=0 leaves out the engine's run; PEER_TIMEOUT_S (default 480) bounds the peer. On an H100 the
+#            warm-up and all 4 batches take ~4 min at Qwen3-0.6B; at Llama-3.1-8B ~6-7 min (an estimate:
+#            its cold run took 282 s), so an 8B call may need BATCHES split over two calls
 # Writes into $OUT: gpu.txt, run.log, engine_offline_throughput.{json,md}, hf_full_workload.{json,md}.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
+source bench/gpu_env.sh
 PYTHON="${PYTHON:-python3}"
 MODELS="${MODELS:-Llama-3.1-8B}"
 export OUT PYTHONUNBUFFERED=1

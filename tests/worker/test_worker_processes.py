@@ -170,7 +170,9 @@ def _scrape(port: int) -> dict[str, float]:
 
 def test_two_healthy_workers_run_each_request_exactly_once(redis_server, prefix, worker_model_dir, engine, tmp_path):
     keys, client = Keys(prefix), redis_server.client()
-    requests = _requests(engine, 8, max_tokens=160)
+    # Three waves of requests (4 a worker at once): 8 requests of 160 tokens took 1.7 s on a fast CI
+    # machine, under the two lease periods this test needs to mean anything.
+    requests = _requests(engine, 24, max_tokens=160)
     # Short leases, frequent claim passes, generations lasting many lease periods: a lease that
     # lapsed would show up as a claim by the other worker.
     ports = [free_port(), free_port()]
