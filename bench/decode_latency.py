@@ -212,22 +212,14 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
 def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
     import torch
 
-    from bench.engine_common import free_device_memory, hf_model, synchronize
+    from bench.engine_common import free_device_memory, hf_model, timed_generate
 
     model = hf_model(directory, device, dtype)
     ids = torch.tensor([prompt], device=device)
-    times = {}
-    with torch.inference_mode():
-        # The first, untimed run covers every context length the timed ones meet: transformers' sdpa runs
-        # cuDNN attention on an H100, which builds a plan for each new shape (~2x a step when cold,
-        # bench/results/h100/peer_full_session19/); before 2026-11-26 the 32 steps of the slope were cold.
-        for n in (max(HF_TOKENS),) + HF_TOKENS:
-            synchronize(device)
-            start = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)  # fmt: skip
-            synchronize(device)
-            times[n] = time.perf_counter() - start
+    # The first, untimed run covers every context length the timed ones meet: transformers' sdpa runs
+    # cuDNN attention on an H100, which builds a plan for each new shape (~2x a step when cold,
+    # bench/results/h100/peer_full_session19/); before 2026-11-26 the 32 steps of the slope were cold.
+    times = {n: timed_generate(model, ids, torch.ones_like(ids), n, device) for n in (max(HF_TOKENS),) + HF_TOKENS}
     del model
     free_device_memory(device)
     short, long = HF_TOKENS
@@ -307,7 +299,8 @@ def markdown(results: dict) -> str:
         "Per step medians (a 128-token run with the step timer on): wall, GPU (CUDA events from the forward's "
         "launch, batch already staged, to the last sampling kernel) and host time before the step's one sync "
         "(in graph mode it overlaps the GPU once the replay is launched). transformers: `generate` eager, "
-        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens. 'sampling': the same run with "
+        f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens, after an untimed run of "
+        f"{HF_TOKENS[1]}. 'sampling': the same run with "
         f"{SAMPLING} instead of greedy. TTFT: median over "
         f"{TTFT_REPEATS} requests of the same prompt with max_tokens 1 (add_request to the token reaching the "
         "caller); prefill host / GPU ms: the prompt's step, split as the decode steps are.",

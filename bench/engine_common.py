@@ -164,6 +164,34 @@ def hf_model(directory: Path, device: torch.device, dtype: torch.dtype) -> torch
     return model.eval()
 
 
+def left_padded(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of the prompts as one batch, left-padded as generation with a batch needs."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def timed_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, device: torch.device) -> float:
+    """Seconds for the peer's `generate` of exactly new_tokens greedy tokens a row (ignore_eos: min = max)."""
+    import time
+
+    synchronize(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0)  # fmt: skip
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    if out.shape != (ids.shape[0], ids.shape[1] + new_tokens):
+        expected = (ids.shape[0], ids.shape[1] + new_tokens)
+        raise RuntimeError(f"generate returned {tuple(out.shape)}, expected {expected}")
+    return seconds
+
+
 def freeze_long_lived_objects() -> None:
     """After an engine is built: what `python -m worker` does (worker/__main__.py), so that full
     garbage collections do not walk the start-up objects inside timed steps. free_device_memory

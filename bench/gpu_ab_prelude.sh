@@ -14,8 +14,7 @@ R="$OUT/ab"
 BASE="${BASE:-build/base}"
 mkdir -p "$R"
 source bench/gpu_env.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$R/gpu.txt"
+gpu_info "$R/gpu.txt"
 here="$PWD:${PYTHONPATH:-}"
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 gpu_tests() {

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from bench.offline_throughput import MAX_LEN, MIN_LEN, MODELS, NUM_SEQS, workload
@@ -65,38 +64,6 @@ def batch_indices(output_lens: list[int], batch: int, order: str) -> list[list[i
     return [indices[i : i + batch] for i in range(0, len(indices), batch)]
 
 
-def _left_padded(prompts: list[list[int]], device):
-    """(ids, attention mask) of the prompts as one batch, left-padded as generation with a batch needs."""
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def _generate_s(model, ids, mask, new_tokens: int, device) -> float:
-    """Seconds for `generate` of exactly new_tokens greedy tokens a row (ignore_eos: min = max)."""
-    import torch
-
-    from bench.engine_common import synchronize
-
-    synchronize(device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=0)  # fmt: skip
-    synchronize(device)
-    seconds = time.perf_counter() - start
-    if out.shape != (ids.shape[0], ids.shape[1] + new_tokens):
-        expected = (ids.shape[0], ids.shape[1] + new_tokens)
-        raise RuntimeError(f"generate returned {tuple(out.shape)}, expected {expected}")
-    return seconds
-
-
 def warm_up_steps(batches: list[list[int]], prompt_lens: list[int], output_lens: list[int]) -> tuple[int, int]:
     """(batch index, steps) of the warm-up: the batch with the narrowest padded prompt, run until its
     context reaches the widest batch's longest (every context length the timed batches meet, once).
@@ -117,7 +84,14 @@ def run_model(name: str, order: str, selected: list[int], device, dry_run: bool,
     """Every selected batch of the workload through transformers' generate; on_batch(row) after each."""
     import torch
 
-    from bench.engine_common import free_device_memory, hf_model, model_dir, vocab_size_of
+    from bench.engine_common import (
+        free_device_memory,
+        hf_model,
+        left_padded,
+        model_dir,
+        timed_generate,
+        vocab_size_of,
+    )  # fmt: skip
 
     directory = model_dir(name, tiny=dry_run)
     num, lo, hi, batch = (8, 10, 40, 4) if dry_run else (NUM_SEQS, MIN_LEN, MAX_LEN, BATCH)
@@ -126,19 +100,19 @@ def run_model(name: str, order: str, selected: list[int], device, dry_run: bool,
     row = {"model": name, "order": order, "batch": batch, "num_batches": len(batches), "num_seqs": num,
            "output_tokens": sum(output_lens), "batches": []}  # fmt: skip
     model = hf_model(directory, device, torch.float32 if dry_run else torch.bfloat16)
-    ids, mask = _left_padded([prompts[i] for i in batches[0][:2]], device)
-    _generate_s(model, ids, mask, 4, device)  # warm-up: kernels
+    ids, mask = left_padded([prompts[i] for i in batches[0][:2]], device)
+    timed_generate(model, ids, mask, 4, device)  # warm-up: kernels
     row["warm_up_s"] = 0.0
     if warm:
         index, steps = warm_up_steps(batches, prompt_lens, output_lens)
-        ids, mask = _left_padded([prompts[i] for i in batches[index]], device)
-        row["warm_up_s"] = _generate_s(model, ids, mask, steps, device)
+        ids, mask = left_padded([prompts[i] for i in batches[index]], device)
+        row["warm_up_s"] = timed_generate(model, ids, mask, steps, device)
         print(f"[hf_full] {name} warm-up: batch {index}, {steps} steps, {row['warm_up_s']:.1f} s", flush=True)
     for index in selected or range(len(batches)):
         members = batches[index]
-        ids, mask = _left_padded([prompts[i] for i in members], device)
+        ids, mask = left_padded([prompts[i] for i in members], device)
         new_tokens = max(output_lens[i] for i in members)
-        seconds = _generate_s(model, ids, mask, new_tokens, device)
+        seconds = timed_generate(model, ids, mask, new_tokens, device)
         row["batches"].append({"index": index, "seqs": len(members), "prompt_width": ids.shape[1],
                                "new_tokens": new_tokens, "useful_tokens": sum(output_lens[i] for i in members),
                                "s": seconds})  # fmt: skip

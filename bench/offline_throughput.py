@@ -145,34 +145,18 @@ def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens
 
 
 def _measure_hf(directory: Path, device, dtype, prompts, output_lens, dry_run: bool) -> dict:
-    import torch
 
-    from bench.engine_common import free_device_memory, hf_model, synchronize
+    from bench.engine_common import free_device_memory, hf_model, left_padded, timed_generate
 
     batch = 4 if dry_run else HF_BATCH
     new_tokens = 8 if dry_run else HF_NEW_TOKENS
     model = hf_model(directory, device, dtype)
     subset = prompts[:batch]
-    width = max(len(p) for p in subset)
-    ids = torch.zeros((batch, width), dtype=torch.long)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    for row, prompt in enumerate(subset):  # left padding, as generation with a batch needs
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = left_padded(subset, device)
 
-    def generate(model, n: int) -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)  # fmt: skip
-        synchronize(device)
-        return time.perf_counter() - start
-
-    generate(model, new_tokens)  # untimed: cuDNN's attention plans for every context length of the subset
-    prefill_s = generate(model, 1)
-    full_s = generate(model, new_tokens)
+    timed_generate(model, ids, mask, new_tokens, device)  # untimed: cuDNN's attention plans, every length
+    prefill_s = timed_generate(model, ids, mask, 1, device)
+    full_s = timed_generate(model, ids, mask, new_tokens, device)
     del model
     free_device_memory(device)
     step_s = (full_s - prefill_s) / (new_tokens - 1)

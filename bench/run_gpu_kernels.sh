@@ -16,8 +16,7 @@ PYTHON="${PYTHON:-python3}"
 export OUT PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
-"$PYTHON" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+gpu_info "$OUT/gpu.txt"
 
 # Tests compile many kernel variants: spread them over processes when pytest-xdist is there.
 xdist_args=()

@@ -21,8 +21,7 @@ export OUT PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 LOG="$OUT/run.log"
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
-"$PYTHON" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+gpu_info "$OUT/gpu.txt"
 
 engine_rc=0
 if [ "${ENGINE:-1}" = 1 ]; then
