@@ -204,8 +204,10 @@ class ModelRunner:
                 clock.launched()
             return LaunchedStep([], _nothing_sampled, on_done)
         rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
-        logits = self.model.compute_logits(rows)  # [S, V] float32
-        if all(map(_is_plain_greedy, requests)):
+        greedy = all(map(_is_plain_greedy, requests))
+        # greedy only compares logits: in the model's dtype, which float32 would only widen (LMHead)
+        logits = self.model.compute_logits(rows, widen=not greedy)  # [S, V]
+        if greedy:
             # argmax and the finiteness check in one kernel on CUDA
             token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
         elif not any(r.sampling_params.logprobs is not None for r in requests):

@@ -151,7 +151,9 @@ def greedy_sample_ref(logits: torch.Tensor) -> torch.Tensor:
     """[S, V] -> [2, S] int64: (argmax, all finite) per row.
 
     NOTE: a row is all finite iff its sum is (a NaN or an infinity anywhere makes the sum
-    non-finite; the logits of a real model are far from overflowing an fp32 sum). On the CPU,
-    the engine's path there, isfinite over every logit cost 23 ms a step at 256 x 49k logits.
+    non-finite; the logits of a real model are far from overflowing an fp32 sum, which 16-bit logits get
+    too: an fp16 sum of a vocabulary's logits can overflow). On the CPU, the engine's path there,
+    isfinite over every logit cost 23 ms a step at 256 x 49k logits.
     """
-    return torch.stack((logits.argmax(dim=-1), torch.isfinite(logits.sum(dim=-1)).to(torch.int64)))
+    finite = torch.isfinite(logits.sum(dim=-1, dtype=torch.float32))
+    return torch.stack((logits.argmax(dim=-1), finite.to(torch.int64)))

@@ -120,9 +120,9 @@ class GPT2LMHeadModel(nn.Module):
         """input_ids, positions [T] int64 -> final-normed hidden states [T, H]."""
         return self.transformer(input_ids, positions, kv_caches, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[S, H] -> [S, V] float32."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """[S, H] -> [S, V] float32 (widen=False: in the model's dtype, see LMHead)."""
+        return self.lm_head(hidden, widen)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self, weights, rename=self._rename)

@@ -15,7 +15,7 @@ if ON_GPU:
     SHAPES += [(1, 128256), (256, 151936), (17, 50257)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_greedy_sample_matches_argmax(shape, dtype, device):
     logits = torch.randn(*shape, device=device).to(dtype)
@@ -42,6 +42,19 @@ def test_non_finite_rows_are_flagged(device):
     assert out[0, 0] == logits[0].argmax()
     for _ in range(2):  # the row counters went back to zero: a second call merges again
         assert greedy_sample(logits, chunks=2)[1].tolist() == [1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_logits_whose_sum_overflows_their_dtype_are_finite(dtype, device):
+    """The engine samples greedy rows from the LM head's 16-bit output (LMHead, widen=False): a row of
+    large finite logits is finite although its sum overflows fp16 (not bf16, whose range is fp32's); a row
+    with an infinity is not."""
+    logits = torch.full((2, 2 * BLOCK_V + 3), 60000.0, device=device).to(dtype)
+    logits[0, BLOCK_V + 1] = 65000.0
+    logits[1, 4] = float("inf")
+    expected = [[BLOCK_V + 1, 4], [1, 0]]
+    assert greedy_sample_ref(logits).tolist() == expected
+    assert greedy_sample(logits, chunks=2).tolist() == expected
 
 
 def test_greedy_sample_rejects_a_bad_chunk_count(device):
