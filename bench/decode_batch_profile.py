@@ -29,6 +29,7 @@ WARM_STEPS = 3
 # More than the ~20 mixed prefill steps of the largest batch plus the warm and profiled steps, and
 # within max_model_len (2048) of the longest context profiled (1024 + 950).
 MAX_NEW_TOKENS = 64
+MAX_MODEL_LEN = 2048  # bench/offline_throughput.py's build_engine
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -127,7 +128,9 @@ def _by_kind(timeline: dict) -> dict:
     return {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
 
 
-def measure_model(name: str, device, ceil: dict, dry_run: bool, skip_hf: bool, steps_at=(), num_steps=PROFILE_STEPS) -> dict:
+def measure_model(
+    name: str, device, ceil: dict, dry_run: bool, skip_hf: bool, steps_at=(), num_steps=PROFILE_STEPS
+) -> dict:
     from bench.engine_common import free_device_memory, model_dir
     from bench.offline_throughput import build_engine
     from bench.roofline import ModelCosts
@@ -142,7 +145,8 @@ def measure_model(name: str, device, ceil: dict, dry_run: bool, skip_hf: bool, s
             timeline, records = _profile_batch(engine, prompts, num_steps)
             floors = _floors_us(costs, records, ceil)
             batches = sorted({r.num_seqs for r in records})
-            if batches != [len(prompts)] or not all((r.graphed or dry_run) and r.num_tokens == r.num_seqs for r in records):
+            decode_only = all((r.graphed or dry_run) and r.num_tokens == r.num_seqs for r in records)
+            if batches != [len(prompts)] or not decode_only:
                 raise RuntimeError(f"step {step}: profiled steps were not all graphed decode steps of "
                                    f"{len(prompts)} sequences: batches {batches}")  # fmt: skip
             keys = round(sum(r.context_tokens for r in records) / len(records))
@@ -158,6 +162,20 @@ def measure_model(name: str, device, ceil: dict, dry_run: bool, skip_hf: bool, s
     return {"rows": rows}
 
 
+def _summary_row(r: dict) -> dict:
+    """One profiled step's row of the report: its timeline, kinds and floors side by side."""
+    t, kinds, floors = r["timeline"], r["by_kind_us"], r["floors_us"]
+    busy = t.get("busy_us_per_step")
+    return {
+        "step": r["step"], "batch": r["batch"], "keys": r["keys"], "gpu": r["gpu_us"], "busy": busy or 0.0,
+        "idle": t.get("idle_us_per_step", 0.0), "floor": floors["step"],
+        "of_floor": floors["step"] / busy if busy else None,
+        "attention": kinds.get("attention", 0.0), "attention_floor": floors["attention"],
+        "gemm": kinds.get("gemm", 0.0), "proj_floor": floors["projections"],
+        "rest": sum(v for k, v in kinds.items() if k not in ("attention", "gemm")),
+    }  # fmt: skip
+
+
 def markdown(results: dict) -> str:
     from bench.engine_common import header
     from bench.report import table
@@ -165,28 +183,21 @@ def markdown(results: dict) -> str:
     parts = header(results, "Decode steps of the offline workload by kernel kind") + [
         "",
         "Graphed decode steps at the offline workload's batch of the given step (bench/decode_batch_profile.py), "
-        "us per step: GPU from CUDA events without the profiler, busy and idle from the profiled stream's timeline, each kind's marginal time (how far its kernels "
-        "move the end of the work), and the floors at the bandwidth and matmul rate above.",
+        "us per step: GPU from CUDA events without the profiler, busy and idle from the profiled stream's "
+        "timeline, each kind's marginal time (how far its kernels move the end of the work), and the floors "
+        "at the bandwidth and matmul rate above.",
     ]
+    columns = [
+        ("step", "step", "d"), ("batch", "batch", "d"), ("keys", "keys", "d"), ("gpu", "GPU us", ".0f"),
+        ("busy", "busy us", ".0f"), ("idle", "idle us", ".0f"), ("floor", "floor us", ".0f"),
+        ("of_floor", "of floor", ".0%"), ("attention", "attention us", ".0f"), ("attention_floor", "its floor", ".0f"),
+        ("gemm", "projections us", ".0f"), ("proj_floor", "their floor", ".0f"), ("rest", "the rest us", ".0f"),
+    ]  # fmt: skip
     for name, model in results["models"].items():
         if "error" in model:
             parts += ["", f"{name}: {model['error']}"]
             continue
-        rows = []
-        for r in model["rows"]:
-            t, kinds, floors = r["timeline"], r["by_kind_us"], r["floors_us"]
-            rows.append({"step": r["step"], "batch": r["batch"], "keys": r["keys"], "gpu": r["gpu_us"],
-                         "busy": t.get("busy_us_per_step", 0.0), "idle": t.get("idle_us_per_step", 0.0),
-                         "floor": floors["step"], "of_floor": floors["step"] / t["busy_us_per_step"] if t.get("busy_us_per_step") else None,
-                         "attention": kinds.get("attention", 0.0), "attention_floor": floors["attention"],
-                         "gemm": kinds.get("gemm", 0.0), "proj_floor": floors["projections"],
-                         "rest": sum(v for k, v in kinds.items() if k not in ("attention", "gemm"))})  # fmt: skip
-        parts += ["", f"## {name}", "", table(rows, [
-            ("step", "step", "d"), ("batch", "batch", "d"), ("keys", "keys", "d"), ("gpu", "GPU us", ".0f"), ("busy", "busy us", ".0f"),
-            ("idle", "idle us", ".0f"), ("floor", "floor us", ".0f"), ("of_floor", "of floor", ".0%"),
-            ("attention", "attention us", ".0f"), ("attention_floor", "its floor", ".0f"),
-            ("gemm", "projections us", ".0f"), ("proj_floor", "their floor", ".0f"), ("rest", "the rest us", ".0f"),
-        ])]  # fmt: skip
+        parts += ["", f"## {name}", "", table([_summary_row(r) for r in model["rows"]], columns)]
         for r in model["rows"]:
             kernels = list(r["timeline"].get("kernels", {}).items())[:12]
             parts += ["", f"{name}, step {r['step']} (B = {r['batch']}): largest kernels, us per step "
@@ -202,6 +213,11 @@ def main(argv=None) -> dict:
 
     args = _parse_args(argv)
     steps_at = [int(s) for s in args.steps_at.split(",") if s]
+    from bench.offline_throughput import MAX_LEN
+
+    last = MAX_MODEL_LEN - MAX_LEN - MAX_NEW_TOKENS  # the longest prompt at that step still fits
+    if any(not 1 <= k <= last for k in steps_at):
+        raise SystemExit(f"--steps-at takes decode steps in [1, {last}], got {args.steps_at}")
     measure = partial(measure_model, steps_at=steps_at, num_steps=args.profile_steps)
     return run_model_benchmark("batch-profile", STEM, args, measure, markdown)
 
