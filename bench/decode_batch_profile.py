@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 STEM = "decode_batch_profile"
 PROFILE_STEPS = 8
@@ -29,7 +28,6 @@ WARM_STEPS = 3
 # More than the ~20 mixed prefill steps of the largest batch plus the warm and profiled steps, and
 # within max_model_len (2048) of the longest context profiled (1024 + 950).
 MAX_NEW_TOKENS = 64
-MAX_MODEL_LEN = 2048  # bench/offline_throughput.py's build_engine
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -64,13 +62,10 @@ def _profile_batch(engine, prompts: list[list[int]], num_steps: int) -> tuple[di
     NOTE: each request may generate MAX_NEW_TOKENS, more than the mixed prefill steps plus the warm and
     profiled ones, so no sequence finishes inside the profile; the rest is aborted after it.
     """
-    import json
-    import tempfile
-
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.step_profiles import stream_events, timeline_shares
+    from bench.step_profiles import profiled_timeline
     from engine.sampling_params import SamplingParams
     from engine.step_timer import StepTimer
 
@@ -97,16 +92,13 @@ def _profile_batch(engine, prompts: list[list[int]], num_steps: int) -> tuple[di
         engine.abort_request(request_id)
     while engine.has_unfinished_requests():
         engine.step()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return timeline_shares(stream_events(json.loads(path.read_text())), num_steps), timer.records
+    return profiled_timeline(prof, num_steps), timer.records
 
 
 def _floors_us(costs, records: list, ceil: dict) -> dict:
     """The profiled steps' mean floors in us: attention (K/V read), projections + LM head (weights or
     FLOPs), the step (bench/roofline.py), from each step's batch and context as the engine ran it."""
-    from bench.roofline import step_cost, step_seconds
+    from bench.roofline import decode_step_floor, step_seconds
 
     gbps, tflops = ceil["read_gbps"], ceil["matmul_tflops"]
     sums = {"attention": 0.0, "projections": 0.0, "step": 0.0}
@@ -115,7 +107,7 @@ def _floors_us(costs, records: list, ceil: dict) -> dict:
         sums["attention"] += costs.kv_bytes_per_token * keys / (gbps * 1e9)
         proj_flops = 2 * (costs.projection_params + costs.lm_head_params) * batch
         sums["projections"] += step_seconds(costs.weight_bytes, proj_flops, gbps, tflops)
-        sums["step"] += step_seconds(*step_cost(costs, batch, batch, keys - batch, keys), gbps, tflops)
+        sums["step"] += decode_step_floor(costs, batch, keys, gbps, tflops)
     return {k: v * 1e6 / max(len(records), 1) for k, v in sums.items()}
 
 
@@ -213,7 +205,7 @@ def main(argv=None) -> dict:
 
     args = _parse_args(argv)
     steps_at = [int(s) for s in args.steps_at.split(",") if s]
-    from bench.offline_throughput import MAX_LEN
+    from bench.offline_throughput import MAX_LEN, MAX_MODEL_LEN
 
     last = MAX_MODEL_LEN - MAX_LEN - MAX_NEW_TOKENS  # the longest prompt at that step still fits
     if any(not 1 <= k <= last for k in steps_at):

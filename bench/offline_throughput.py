@@ -29,6 +29,7 @@ import numpy as np
 MODELS = ("Qwen3-0.6B", "Llama-3.1-8B")
 NUM_SEQS, MIN_LEN, MAX_LEN = 256, 100, 1024
 MAX_NUM_BATCHED_TOKENS = 8192
+MAX_MODEL_LEN = 2048  # the longest prompt plus the longest output, 1024 + 1024
 HF_BATCH, HF_NEW_TOKENS = 64, 128
 STEM = "engine_offline_throughput"
 
@@ -64,7 +65,7 @@ def build_engine(directory: Path, device, dry_run: bool):
                 model=str(directory),
                 dtype="float32" if dry_run else "bfloat16",
                 load_format="dummy",
-                max_model_len=2048,
+                max_model_len=MAX_MODEL_LEN,
             ),
             cache=CacheConfig(num_kv_tokens=8192 if dry_run else None, gpu_memory_utilization=0.9),
             scheduler=SchedulerConfig(max_num_seqs=NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
@@ -95,7 +96,7 @@ def run_workload(engine, prompts: list[list[int]], output_lens: list[int]) -> fl
 
 
 def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens, output_lens, ceilings) -> dict:
-    from bench.roofline import ModelCosts, step_cost, step_seconds, workload_floor
+    from bench.roofline import ModelCosts, decode_step_floor, workload_floor
     from engine.step_timer import StepTimer
 
     engine = build_engine(directory, device, dry_run)
@@ -114,8 +115,8 @@ def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens
     decode = [r for r in records if r.graphed]
     decode_floor_s = 0.0
     for r in decode:  # the roofline of the decode steps the engine actually ran
-        nbytes, flops = step_cost(costs, r.num_seqs, r.num_seqs, r.context_tokens - r.num_seqs, r.context_tokens)
-        decode_floor_s += step_seconds(nbytes, flops, ceilings["read_gbps"], ceilings["matmul_tflops"])
+        decode_floor_s += decode_step_floor(costs, r.num_seqs, r.context_tokens, ceilings["read_gbps"],
+                                            ceilings["matmul_tflops"])  # fmt: skip
     decode_gpu_s = sum(r.gpu_ms for r in decode) / 1e3
     runner_host_s = sum(r.host_s for r in records)
     output_tokens, total_tokens = sum(output_lens), sum(output_lens) + sum(prompt_lens)
@@ -145,7 +146,6 @@ def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens
 
 
 def _measure_hf(directory: Path, device, dtype, prompts, output_lens, dry_run: bool) -> dict:
-
     from bench.engine_common import free_device_memory, hf_model, left_padded, timed_generate
 
     batch = 4 if dry_run else HF_BATCH

@@ -152,6 +152,14 @@ def workload_floor(
     }
 
 
+def decode_step_floor(costs: ModelCosts, num_seqs: int, context_tokens: float, read_gbps: float,
+                      matmul_tflops: float) -> float:  # fmt: skip
+    """Seconds of a decode step of num_seqs sequences whose lengths (the new token included) sum to
+    context_tokens: the step the engine ran, as engine.step_timer records it."""
+    nbytes, flops = step_cost(costs, num_seqs, num_seqs, context_tokens - num_seqs, context_tokens)
+    return step_seconds(nbytes, flops, read_gbps, matmul_tflops)
+
+
 def decode_token_floor(costs: ModelCosts, context_len: float, read_gbps: float, matmul_tflops: float) -> float:
     """Seconds of one batch-1 decode step reading `context_len` cached tokens."""
     nbytes, flops = step_cost(costs, 1, 1, context_len, context_len + 1)

@@ -7,9 +7,9 @@
 #   BATCHES  the peer's batch indices to run (default all); a cut-off run's rest goes into another
 #            call, and `python -m bench.hf_full_workload --combine` merges the two JSON files
 #   COLD=1   times the peer without its warm-up (bench/hf_full_workload.py's warm_up_steps)
-#   ENGINE=0 leaves out the engine's run; PEER_TIMEOUT_S (default 480) bounds the peer. On an H100 the
-#            warm-up and all 4 batches take ~4 min at Qwen3-0.6B; at Llama-3.1-8B ~6-7 min (an estimate:
-#            its cold run took 282 s), so an 8B call may need BATCHES split over two calls
+#   ENGINE=0 leaves out the engine's run; PEER_TIMEOUT_S (default 480) bounds the peer. On an H100 a
+#            whole call (engine, warm-up, all 4 batches) took ~4.5 min at Qwen3-0.6B and 7.2 min at
+#            Llama-3.1-8B (session 20: the 8B's batches 242 s), within one 10-minute call
 # Writes into $OUT: gpu.txt, run.log, engine_offline_throughput.{json,md}, hf_full_workload.{json,md}.
 set -uo pipefail
 

@@ -130,6 +130,11 @@ def profile_graph_steps(engine, prompt: list[int], num_steps: int = 16) -> dict:
         torch.cuda.synchronize()
     while engine.has_unfinished_requests():
         engine.step()
+    return profiled_timeline(prof, num_steps)
+
+
+def profiled_timeline(prof, num_steps: int) -> dict:
+    """timeline_shares of a finished torch.profiler run's stream events (through its chrome trace)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
