@@ -58,7 +58,8 @@ def _variants() -> list[Variant]:
     pdl = {"PDL": True}
     on = {"launch_pdl": True}
     decode = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, BLOCK_G=16, BLOCK_GROUP=4, BLOCK_N=64, PAGE_SIZE=16,
-                  BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", ORDERED=False, **pdl)  # fmt: skip
+                  BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", ORDERED=False,
+                  LOOP_STAGES=3, PIPELINE_MIN_TILES=4, **pdl)  # fmt: skip
     norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, PREFETCH=False, **pdl)
     gemv_sizes, norm_gemv_sizes = ("N", "K"), ("num_rows", "K")  # every Llama / Qwen projection's
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
@@ -90,14 +91,14 @@ def _variants() -> list[Variant]:
                 {"num_warps": 8, **on}, "wide tile (1B)", multiples_of_16=("K",)),
         Variant("decode_attention", "_decode_kernel",
                 dict(decode, NUM_SPLITS=33, MERGE_HERE=True, EARLY_FIRST_TILE=True),
-                {"num_warps": 4, "num_stages": 3, **on}, "33 splits, early first tile"),
+                {"num_warps": 4, "num_stages": 1, **on}, "33 splits, early first tile"),
         Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=1, BLOCK_P=1, P_CHUNK=1,
                                                            MERGE_HERE=True, EARLY_FIRST_TILE=False),
-                {"num_warps": 4, "num_stages": 3, **on},
+                {"num_warps": 4, "num_stages": 1, **on},
                 "1 split"),
         Variant("decode_attention", "_decode_kernel", dict(decode, NUM_SPLITS=1, BLOCK_P=1, P_CHUNK=1,
                                                            MERGE_HERE=False, EARLY_FIRST_TILE=False, ORDERED=True),
-                {"num_warps": 4, "num_stages": 3, **on},
+                {"num_warps": 4, "num_stages": 1, **on},
                 "1 split, longest first"),
         Variant("decode_split_merge", "_merge_splits_kernel",
                 dict(HEAD_DIM=64, BLOCK_D=64, NUM_SPLITS=33, BLOCK_P=64, P_CHUNK=64, **pdl), {"num_warps": 1, **on},

@@ -26,7 +26,8 @@ that long sequences never start in the last wave; output rows stay in the batch'
 With PDL, where programs are few (reads_first_tile_early), each program loads its first
 tile's keys and values before griddepcontrol.wait, all but the newest position's, which this
 step's KV store writes; that row is loaded after the wait (kernels/_pdl.py says why the rest is
-safe to read early).
+safe to read early). A split's tiles after its first go through a software-pipelined loop only where
+it has at least PIPELINE_MIN_TILES of them, one by one below (the kernel's NOTE says why).
 NOTE: the counters are kernels._launch.ticket_counters (zero between kernels, one buffer
 per device and stream).
 """
@@ -52,6 +53,26 @@ MAX_SPLITS = 64
 ORDER_MIN_PROGRAMS_PER_SM = 4
 INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
 PROGRAMS_PER_SM = 2
+# A split walks its key tiles in a software-pipelined loop (the tile config's num_stages in flight) only
+# from this many tiles after its first on; fewer go one by one (see the kernel's NOTE).
+PIPELINE_MIN_TILES = 4
+
+
+@triton.jit
+def _attend_full_tiles(
+    q, acc, m_i, l_i, lo, hi, k_cache_ptr, v_cache_ptr, table, kv_head,
+    stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh, qk_scale,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over key tiles lo .. hi - 1, none past the sequence's end (no key mask), with
+    STAGES tiles in flight (Triton's software pipelining of this loop; 1: none)."""
+    for tile in tl.range(lo, hi, num_stages=STAGES):
+        k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, tile * BLOCK_N + tl.arange(0, BLOCK_N), kv_head,
+                               stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
+                               PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
+        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -92,6 +113,8 @@ def _decode_kernel(
     ORDERED: tl.constexpr,  # grid (S * Hkv, 1, P) over order_ptr's sequences, KV heads fastest
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,  # tiles in flight in a split of at least PIPELINE_MIN_TILES more tiles
+    PIPELINE_MIN_TILES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
@@ -152,12 +175,23 @@ def _decode_kernel(
         acc, m_i, l_i = attend_tile(q, k_first, v_first, first_in_seq[None, :], acc, m_i, l_i, qk_scale, True,
                                     DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
-    for tile in range(tile_lo + 1, tl.minimum(tile_hi, full_tiles)):
-        k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, tile * BLOCK_N + tl.arange(0, BLOCK_N), kv_head,
-                               stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
-                               PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
-        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
-    for tile in range(tl.maximum(tile_lo + 1, full_tiles), tile_hi):  # the last, partial tile
+    full_hi = tl.minimum(tile_hi, full_tiles)
+    # NOTE: the loop is software-pipelined (LOOP_STAGES tiles in flight) only where the split walks at
+    # least PIPELINE_MIN_TILES of them: the pipelined loop's set-up cost a split of one or two tiles
+    # 2-3 us (H100, B = 1 at 512 / 4096 keys: 7.6 / 12.3 us against 4.9 / 10.2 unpipelined), while
+    # long splits need it (B = 1 at 64k keys: 99 us pipelined, 106 not). See _attend_full_tiles.
+    if full_hi - (tile_lo + 1) >= PIPELINE_MIN_TILES:
+        acc, m_i, l_i = _attend_full_tiles(q, acc, m_i, l_i, tile_lo + 1, full_hi, k_cache_ptr, v_cache_ptr, table,
+                                           kv_head, stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
+                                           qk_scale, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE, DOT_PRECISION,
+                                           LOOP_STAGES)  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_full_tiles(q, acc, m_i, l_i, tile_lo + 1, full_hi, k_cache_ptr, v_cache_ptr, table,
+                                           kv_head, stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
+                                           qk_scale, BLOCK_N, PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE, DOT_PRECISION,
+                                           1)  # fmt: skip
+    # the last, partial tile (at most one: never pipelined)
+    for tile in tl.range(tl.maximum(tile_lo + 1, full_tiles), tile_hi, num_stages=1):
         kpos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         in_seq = kpos < seq_len
         pages = tl.load(table + kpos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
@@ -261,7 +295,8 @@ def _tile_config(head_dim: int, dtype: torch.dtype, tiles: dict | None) -> dict:
     On an H100 this is within 2.5% of the best of 7 tile shapes at every benchmark (B, L)
     (`python -m bench.kernels --sweep`); the decode step is bandwidth-bound. Fewer keys for
     fp32 and D = 256 (shared memory); 16 under the interpreter so that small test contexts
-    cross tile and split borders. `tiles` overrides any of TILE_KEYS.
+    cross tile and split borders. `tiles` overrides any of TILE_KEYS; num_stages is the stages of the
+    long splits' key loop (PIPELINE_MIN_TILES), the kernel itself compiles with one.
     """
     block_d = max(16, triton.next_power_of_2(head_dim))
     if interpreting():
@@ -345,7 +380,8 @@ def paged_decode_attention(
         EARLY_FIRST_TILE=reads_first_tile_early(num_seqs, num_kv_heads, num_splits, q.device),
         ORDERED=order is not None,
         DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
-        **config, **pdl_options(q.device),
+        BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, LOOP_STAGES=config["num_stages"],
+        PIPELINE_MIN_TILES=PIPELINE_MIN_TILES, num_warps=config["num_warps"], num_stages=1, **pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and merge == "kernel":
         launch_merge(part_out, part_lse, out)

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from kernels import decode_attention
 from kernels._launch import interpreting, ticket_counters
 from kernels.decode_attention import choose_num_splits, length_order, paged_decode_attention, paged_decode_attention_ref
 from kernels.decode_split_merge import MERGES
@@ -167,6 +168,18 @@ def test_decode_attention_matches_reference(case, dtype, tol, num_splits, paged_
                                  num_splits=num_splits)  # fmt: skip
     ref = paged_decode_attention_ref(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale)
     torch.testing.assert_close(out, ref, **tol)
+
+
+@pytest.mark.parametrize("pipeline_min_tiles", [0, 1_000_000], ids=["pipelined", "tile_by_tile"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_attention_each_key_loop_matches_reference(pipeline_min_tiles, num_splits, paged_batch, monkeypatch):
+    """A split walks its tiles in the software-pipelined loop from PIPELINE_MIN_TILES tiles on and one by one
+    below: each loop alone, over contexts of many tiles (and a partial last tile) and of one."""
+    monkeypatch.setattr(decode_attention, "PIPELINE_MIN_TILES", pipeline_min_tiles)
+    batch = paged_batch([1] * 4, [700, 1, 63, 257], 8, 2, 64, 16, torch.float32)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125)
+    out = paged_decode_attention(*args, num_splits=num_splits)
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("merge", MERGES)
