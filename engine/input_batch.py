@@ -109,6 +109,11 @@ class InputBatch:
         self._row_len = [0] * max_num_seqs
         self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
         self._copied = torch.cuda.Event() if pin else None
+        # Pending-token gathers by kind (tests): where the pending inputs are 0..P-1, as in a decode step
+        # whose every row waits on the last step, one index_select writes them; elsewhere a gather and a
+        # scatter. Each op outside the graph adds a kernel and its launch gap to a batch-1 decode step.
+        self.num_prefix_gathers = 0
+        self.num_scattered_gathers = 0
 
     # ---- the views a captured graph reads ---------------------------------------
     def decode_views(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -230,8 +235,13 @@ class InputBatch:
         if waiting:
             p = len(waiting)
             dst, src = self._dev64[n64 - 2 * p : n64 - p], self._dev64[n64 - p : n64]
-            # into input_ids [T] (a view that does not overlap the indices it is given)
-            self._dev64[:t].index_copy_(0, dst, pending.token_ids.index_select(0, src))
+            # into input_ids [T] (views that do not overlap the indices they are given)
+            if waiting[-1][0] == p - 1:  # inputs 0..p-1 (indices rise): a decode step's rows, one op
+                torch.index_select(pending.token_ids, 0, src, out=self._dev64[:p])
+                self.num_prefix_gathers += 1
+            else:
+                self._dev64[:t].index_copy_(0, dst, pending.token_ids.index_select(0, src))
+                self.num_scattered_gathers += 1
         if tables_changed:
             src = self._dev32[bt_offset : bt_offset + num_seqs * width_used].view(num_seqs, width_used)
             self.block_tables[:num_seqs, :width_used].copy_(src)
