@@ -18,7 +18,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from bench.kernel_math import decode_kv_bytes, prefill_flops
 from bench.kernel_timing import Bench, gbps, tflops
 from engine.config import CacheConfig
-from kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kernels.decode_attention import paged_decode_attention
+from kernels.decode_grid import choose_num_splits
 from kernels.decode_split_merge import MERGES, choose_merge
 from kernels.prefill_attention import paged_prefill_attention
 

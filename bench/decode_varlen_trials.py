@@ -17,7 +17,7 @@ Rows, each the same total of keys (bytes = K and V of every sequence's context, 
 - mixed, as scheduled: lengths uniform in [lo, hi], in random order;
 - mixed, longest first / shortest first: the same batch permuted (q, block tables, lengths): the grid
   then takes the sequences in that order, but each KV head's programs after the last head's;
-- mixed, kernel order: the batch as scheduled with `order` (kernels/decode_attention.py's length_order):
+- mixed, kernel order: the batch as scheduled with `order` (kernels/decode_grid.py's length_order):
   the grid takes the longest sequence first, each sequence's KV heads together (the engine passes it
   where wants_length_order says; session 18's call 8 also timed chunks of 16 sequences, heads outermost
   within a chunk, and found no difference, so that variant is gone);
@@ -75,12 +75,8 @@ def permuted(inputs: tuple, order: torch.Tensor) -> tuple:
 def run_case(
     bench, case: tuple, dtype, read_bw: float | None, block_size: int, splits_sweep: bool = True
 ) -> list[dict]:
-    from kernels.decode_attention import (
-        choose_num_splits,
-        length_order,
-        paged_decode_attention,
-        paged_decode_attention_ref,
-    )
+    from kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+    from kernels.decode_grid import choose_num_splits, length_order
 
     name, num_heads, num_kv_heads, head_dim, batch, lo, hi = case
     gen = torch.Generator().manual_seed(0)

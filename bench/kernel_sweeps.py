@@ -15,7 +15,8 @@ import torch
 from bench.attention_suites import paged_pool
 from bench.kernel_math import decode_kv_bytes, prefill_flops
 from bench.kernel_timing import Bench, gbps, tflops
-from kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kernels.decode_attention import paged_decode_attention
+from kernels.decode_grid import choose_num_splits
 from kernels.prefill_attention import paged_prefill_attention
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), or a dict of paged_prefill_attention's `tiles`; the

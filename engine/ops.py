@@ -286,12 +286,12 @@ def rope_store_kv(
 
 def decode_order(meta: AttentionMetadata, num_kv_heads: int) -> torch.Tensor | None:
     """The decode kernel's order of the batch's sequences (longest context first) where the kernel
-    wants one (kernels/decode_attention.py's wants_length_order), else None. Computed once a step,
+    wants one (kernels/decode_grid.py's wants_length_order), else None. Computed once a step,
     before the forward: a torch op, so it is complete before the step's first PDL kernel starts and
     the kernel may read it before its wait (kernels/_pdl.py)."""
     if not (meta.is_decode_only and use_triton(meta.seq_lens)):
         return None
-    from kernels.decode_attention import length_order, wants_length_order
+    from kernels.decode_grid import length_order, wants_length_order
 
     if not wants_length_order(meta.num_seqs, num_kv_heads, meta.seq_lens.device):
         return None

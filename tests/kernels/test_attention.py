@@ -14,7 +14,8 @@ import torch
 
 from kernels import decode_attention
 from kernels._launch import interpreting, ticket_counters
-from kernels.decode_attention import choose_num_splits, length_order, paged_decode_attention, paged_decode_attention_ref
+from kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from kernels.decode_grid import choose_num_splits, length_order
 from kernels.decode_split_merge import MERGES
 from kernels.paged_kv import tma_fits
 from kernels.prefill_attention import (
@@ -296,7 +297,7 @@ def test_split_count_fills_the_gpu_and_stays_static(device):
 
 def test_split_and_early_tile_rules_at_an_h100s_sm_count(monkeypatch):
     """The CUDA branches of choose_num_splits and reads_first_tile_early, on any machine: 132 SMs."""
-    import kernels.decode_attention as decode
+    import kernels.decode_grid as decode
 
     monkeypatch.setattr(decode, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
