@@ -13,7 +13,7 @@ from kernels._launch import interpreting, num_sms
 
 MAX_SPLITS = 64
 # Longest context first only where a one-split grid holds more than this many programs an SM
-# (wants_length_order): more than one wave of the kernel's programs (4 fit an SM at 126 registers).
+# (wants_length_order): more than one wave of the kernel's programs (4 fit an SM at 124-126 registers).
 ORDER_MIN_PROGRAMS_PER_SM = 4
 INTERPRETER_SPLITS = 3  # the CPU interpreter has no SM count; 3 keeps the split path under test
 PROGRAMS_PER_SM = 2
@@ -64,7 +64,7 @@ def reads_first_tile_early(num_seqs: int, num_kv_heads: int, num_splits: int, de
     """Whether programs load their first tile's keys before the PDL wait (kernels/_pdl.py), so that they
     stream while the kernels before finish: only in split grids of at most 3 programs an SM.
 
-    Why: the held tile costs registers (160 against 126 at D = 128, bench/compile_check.py), so 3
+    Why: the held tile costs registers (165 against 124-126 at D = 128, bench/compile_check.py), so 3
     programs fit an SM instead of 4. H100 (bench/results/h100/decode_path_session15/): with the early
     tile everywhere, B = 1 L = 4k 14.7 -> 14.1 us and B = 16 L = 4k 97.1 -> 95.8 us, but the one-split
     grids of B = 64 L = 2k and B = 256 L = 1k fell from 97% to 82% and 93% of read bandwidth. S * Hkv
