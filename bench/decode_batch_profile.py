@@ -116,7 +116,8 @@ def _by_kind(timeline: dict) -> dict:
 
     kinds: dict[str, float] = {}
     for name, (_calls, _inside, marginal, _gap) in timeline.get("kernels", {}).items():
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + marginal
+        kind = kernel_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + marginal
     return {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
 
 

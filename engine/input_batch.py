@@ -10,7 +10,7 @@ field starting at a multiple of a = align(T) or b = align(S + 1) elements (align
 16, so every pointer a kernel gets is 16-byte aligned and Triton compiles one variant):
 
     i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a
-          | pad | pending destinations P at 3a + r | pending sources P after them]
+          | pad | pending sources P at 3a + r | their destinations P after them, unless they are 0..P-1]
     i32: [seq_lens S | pad | query_start_loc S+1 at b | pad | block-table rows S x M at 2b]
 
 The offsets depend only on (T, S), so a CUDA graph captured for a decode batch of S = T = b
@@ -41,6 +41,12 @@ from engine.attention_metadata import AttentionMetadata
 from engine.launched_step import SampledTokens
 from engine.request import Request
 from engine.scheduler import ScheduledRequest
+
+
+def _inputs_are_a_prefix(waiting: list[tuple[int, Request]]) -> bool:
+    """Whether the pending tokens' input indices are 0..P-1: both fills append them in input order
+    (strictly rising), so the last one tells."""
+    return waiting[-1][0] == len(waiting) - 1
 
 
 def _align(n: int) -> int:
@@ -223,8 +229,10 @@ class InputBatch:
         num_rows = 0 if identity_rows else len(rows)
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
         n64 = 3 * a + num_rows
+        pending_at = 3 * a + _align(num_rows)
+        prefix = bool(waiting) and _inputs_are_a_prefix(waiting)
         if waiting:
-            n64 = self._stage_pending(waiting, pending, 3 * a + _align(num_rows))
+            n64 = self._stage_pending(waiting, pending, pending_at, prefix)
         bt_offset = 2 * sa
         n32 = bt_offset
         if tables_changed:
@@ -234,12 +242,13 @@ class InputBatch:
         self._copy(n64, n32)
         if waiting:
             p = len(waiting)
-            dst, src = self._dev64[n64 - 2 * p : n64 - p], self._dev64[n64 - p : n64]
+            src = self._dev64[pending_at : pending_at + p]
             # into input_ids [T] (views that do not overlap the indices they are given)
-            if waiting[-1][0] == p - 1:  # inputs 0..p-1 (indices rise): a decode step's rows, one op
+            if prefix:  # inputs 0..p-1, a decode step's rows: one op
                 torch.index_select(pending.token_ids, 0, src, out=self._dev64[:p])
                 self.num_prefix_gathers += 1
             else:
+                dst = self._dev64[pending_at + p : pending_at + 2 * p]
                 self._dev64[:t].index_copy_(0, dst, pending.token_ids.index_select(0, src))
                 self.num_scattered_gathers += 1
         if tables_changed:
@@ -284,9 +293,11 @@ class InputBatch:
             changed = True
         return width_used, changed
 
-    def _stage_pending(self, waiting: list[tuple[int, Request]], pending: SampledTokens | None, offset: int) -> int:
-        """Stages the pending tokens' input indices and their rows in `pending` at `offset`;
-        returns the end of the staged int64 data."""
+    def _stage_pending(
+        self, waiting: list[tuple[int, Request]], pending: SampledTokens | None, offset: int, prefix: bool
+    ) -> int:
+        """Stages the pending tokens' rows in `pending` at `offset`, then their input indices unless those
+        are 0..P-1 (`prefix`); returns the end of the staged int64 data."""
         if pending is None:
             raise RuntimeError("a request's newest token is pending but no launched step holds it")
         row_of = pending.row_of
@@ -296,8 +307,10 @@ class InputBatch:
             missing = exc.args[0].request_id
             raise RuntimeError(f"request {missing} has a pending token the last step did not sample") from exc
         p = len(waiting)
-        self._np64[offset : offset + p] = [index for index, _ in waiting]
-        self._np64[offset + p : offset + 2 * p] = sources
+        self._np64[offset : offset + p] = sources
+        if prefix:
+            return offset + p
+        self._np64[offset + p : offset + 2 * p] = [index for index, _ in waiting]
         return offset + 2 * p
 
     def _fill_decode(
