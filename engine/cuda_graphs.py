@@ -16,9 +16,15 @@ and reads none:
   covers any real step of that size and skips the empty sequences.
 The graphs read their inputs from the InputBatch's device buffers at the fixed offsets of
 `decode_views` / `mixed_views`, so a replay is: stage the batch, two copies, one launch.
-Sampling stays outside the graph.
 
-Legend: b = decode bucket, T_b / S_b = tokens / sequences of a mixed bucket, H = hidden size.
+Small decode buckets (up to HEAD_MAX_ROWS rows) end in the LM head, in the model's dtype, and
+have a second graph that goes on to the greedy kernel: a batch-1 step whose every row is plain
+greedy is then one replay from the embedding to the [2, b] tokens, without the LM head's and the
+sampler's own launches and the gaps before them on the stream. Larger buckets, mixed steps and
+every other sampler take the hidden states (or the logits) and sample outside the graph.
+
+Legend: b = decode bucket, T_b / S_b = tokens / sequences of a mixed bucket, H = hidden size,
+V = vocabulary.
 
 Buckets: decode 1, 2, 4, 8, then every multiple of 8 up to the largest decode batch (and that
 largest size itself), so padding wastes at most 7 rows (vLLM's choice); mixed 16, 32, 64,
@@ -43,6 +49,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -54,6 +61,26 @@ MIXED_TOKEN_SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512)
 MAX_MIXED_GRAPH_TOKENS = MIXED_TOKEN_SIZES[-1]
 
 Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decode bucket
+# Decode buckets up to this many rows take the LM head (and, for plain greedy steps, the greedy kernel)
+# inside their graphs. Where it pays is batch-1 latency: a launch gap is a few microseconds of a ~1 ms
+# step. The cap keeps the logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k);
+# larger batches' steps are long enough that the two launches outside do not show.
+HEAD_MAX_ROWS = 8
+
+
+@dataclass
+class GraphOutputs:
+    """What a bucket's replay leaves in its static buffers (read them before the next replay).
+
+    hidden: [T_b, H] hidden states after the final norm.
+    logits: [b, V] the LM head's output in the model's dtype, where the bucket's graph ends in it.
+    tokens: [2, b] int64 (greedy token, 1 where the row's logits were all finite), where the replay
+        ran the greedy graph.
+    """
+
+    hidden: torch.Tensor
+    logits: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -87,6 +114,10 @@ class StepGraphs:
         capture: True records CUDA graphs (CUDA only). False runs the same padded forward
             eagerly over the same static buffers: the CPU tests' way to check bucketing and
             padding without a GPU.
+        head: hidden [b, H] -> logits [b, V] in the model's dtype; None keeps every graph at the
+            hidden states.
+        greedy: logits [b, V] -> [2, b] int64 (token, finite); None leaves greedy outside the graphs.
+        head_max_rows: the largest decode bucket that ends in `head` (HEAD_MAX_ROWS).
     """
 
     def __init__(
@@ -96,10 +127,17 @@ class StepGraphs:
         max_batch: int,
         max_mixed_tokens: int,
         capture: bool,
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        greedy: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        head_max_rows: int = HEAD_MAX_ROWS,
     ) -> None:
+        if greedy is not None and head is None:
+            raise ValueError("a greedy graph needs the head's logits: pass head too")
         if capture and inputs.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {inputs.device}")
         self.forward = forward
+        self.head = head
+        self.greedy = greedy
         self.inputs = inputs
         self.sizes = capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
@@ -112,8 +150,11 @@ class StepGraphs:
         self.enabled = True  # benchmarks switch replay off to time the eager path of the same engine
         self.num_replays = 0
         self.num_mixed_replays = 0
-        self._graphs: dict[Bucket, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[Bucket, torch.Tensor] = {}
+        self.num_logits_replays = 0  # replays that ended in the LM head
+        self.num_token_replays = 0  # ... and in the greedy kernel
+        self.head_sizes = [b for b in self.sizes if b <= head_max_rows] if head is not None else []
+        self._graphs: dict[tuple[Bucket, str], torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[tuple[Bucket, str], GraphOutputs] = {}
         self._views = {(b, b): inputs.decode_views(b) for b in self.sizes}
         for t in self.mixed_sizes:
             self._views[(t, self._mixed_seqs(t))] = inputs.mixed_views(t, self._mixed_seqs(t))
@@ -136,6 +177,22 @@ class StepGraphs:
         t = self.mixed_sizes[bisect.bisect_left(self.mixed_sizes, num_tokens)]
         return (t, self._mixed_seqs(t))
 
+    def _ends(self, bucket: Bucket) -> tuple[str, ...]:
+        """Where the bucket's graphs stop: 'hidden', or 'logits' and (with a greedy callable) 'tokens'."""
+        num_tokens, num_seqs = bucket
+        if num_tokens != num_seqs or num_seqs not in self.head_sizes:
+            return ("hidden",)
+        return ("logits", "tokens") if self.greedy is not None else ("logits",)
+
+    def _body(self, bucket: Bucket, end: str) -> GraphOutputs:
+        """The work a graph of `bucket` ending at `end` records (or, without capture, runs)."""
+        ids, positions, meta = self._views[bucket]
+        hidden = self.forward(ids, positions, meta)
+        if end == "hidden":
+            return GraphOutputs(hidden)
+        logits = self.head(hidden)  # a decode bucket: one row per sequence
+        return GraphOutputs(hidden, logits, self.greedy(logits) if end == "tokens" else None)
+
     @torch.inference_mode()
     def capture_all(self) -> None:
         """Warm-up and capture every bucket (CUDA), largest first; no-op without capture."""
@@ -147,20 +204,20 @@ class StepGraphs:
         stream = torch.cuda.Stream(device)
         free_before = torch.cuda.mem_get_info(device)[0]
         for bucket in sorted(self._views, reverse=True):
-            ids, positions, meta = self._views[bucket]
             num_tokens, num_seqs = bucket
-            if num_tokens == num_seqs:
-                self.inputs.fill_dummy_decode(num_seqs)
-            else:
-                self.inputs.fill_dummy_mixed(num_tokens, num_seqs)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                self.forward(ids, positions, meta)  # compiles kernels, makes per-stream buffers and handles
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                self._outputs[bucket] = self.forward(ids, positions, meta)
-            self._graphs[bucket] = graph
+            for end in self._ends(bucket):
+                if num_tokens == num_seqs:
+                    self.inputs.fill_dummy_decode(num_seqs)
+                else:
+                    self.inputs.fill_dummy_mixed(num_tokens, num_seqs)
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):
+                    self._body(bucket, end)  # compiles kernels, makes per-stream buffers and handles
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                    self._outputs[(bucket, end)] = self._body(bucket, end)
+                self._graphs[(bucket, end)] = graph
         torch.cuda.synchronize(device)
         used = free_before - torch.cuda.mem_get_info(device)[0]
         logger.info(
@@ -169,16 +226,20 @@ class StepGraphs:
             used / 2**30,
         )  # fmt: skip
 
-    def run(self, bucket: Bucket) -> torch.Tensor:
-        """Runs the padded forward of `bucket` over the staged inputs -> hidden [T_b, H].
+    def run(self, bucket: Bucket, greedy: bool = False) -> GraphOutputs:
+        """Runs the padded forward of `bucket` over the staged inputs, with the LM head where the
+        bucket's graphs end in it, and the greedy kernel too when `greedy` (the caller's word that
+        every row samples, plainly greedy) and the bucket has that graph.
 
-        NOTE: the result is the graph's static output: read it before the next run.
+        NOTE: the outputs are the graph's static buffers: read them before the next run.
         """
+        ends = self._ends(bucket)
+        end = "tokens" if greedy and "tokens" in ends else ends[0]
         self.num_replays += 1
-        if bucket[0] != bucket[1]:
-            self.num_mixed_replays += 1
+        self.num_mixed_replays += bucket[0] != bucket[1]
+        self.num_logits_replays += end != "hidden"
+        self.num_token_replays += end == "tokens"
         if self.capture:
-            self._graphs[bucket].replay()
-            return self._outputs[bucket]
-        ids, positions, meta = self._views[bucket]
-        return self.forward(ids, positions, meta)
+            self._graphs[(bucket, end)].replay()
+            return self._outputs[(bucket, end)]
+        return self._body(bucket, end)

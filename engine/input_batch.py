@@ -1,5 +1,6 @@
-"""One step's flat batch, staged in pinned host buffers allocated once and copied to the
-device with two non-blocking copies: no torch.tensor() from Python lists per step.
+"""One step's flat batch, staged in pinned host buffers allocated once and brought to the
+device by one kernel that reads them there (kernels/stage_batch.py): no torch.tensor() from
+Python lists per step, and no copy-engine op at the head of a step.
 
 Legend: T = tokens of the step (after padding), S = sequences (after padding), R = rows
 that sample, M = block-table columns in use this step, W = block-table width (most
@@ -9,25 +10,24 @@ Two packed buffers, host staging (pinned on CUDA) and device mirror, same offset
 field starting at a multiple of a = align(T) or b = align(S + 1) elements (align rounds up to
 16, so every pointer a kernel gets is 16-byte aligned and Triton compiles one variant):
 
-    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a
-          | pad | pending sources P at 3a + r | their destinations P after them, unless they are 0..P-1]
-    i32: [seq_lens S | pad | query_start_loc S+1 at b | pad | block-table rows S x M at 2b]
+    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a]
+    i32: [seq_lens S | pad | query_start_loc S+1 at b | pad | block-table rows S x M at 2b (host only)]
 
 The offsets depend only on (T, S), so a CUDA graph captured for a decode batch of S = T = b
 rows reads its inputs at the offsets every padded decode step of b rows writes (see
 `decode_views`), and one captured for a mixed step padded to (T_b, S_b) at the offsets every
 step padded to that bucket writes (`mixed_views`). The block table the kernels read is a separate device tensor
-[Smax, W]: its width is fixed so one captured graph reads any step's table. Each step copies
-only the M used columns of its rows into it, from the packed staging (a small device-side
-strided copy), and only when a row changed.
+[Smax, W]: its width is fixed so one captured graph reads any step's table. Each step writes
+only the M used columns of its rows into it, straight from the host staging, and only when a
+row changed.
 
 Host-side, the block table is kept per row and updated incrementally: a row that holds the
 same request as last step only appends its new blocks.
 
 Pending tokens (async scheduling): a request's newest token may have been sampled by the
 step launched just before this one without the host having read it. Its input id is staged
-as 0 and, after the copies, one gather on the device writes it from that step's sampled
-tokens (`pending`): P = such tokens, their indices in input_ids and their rows there.
+as -1 - r, r its row in that step's sampled tokens (`pending`), where the staging kernel reads
+it on the device.
 """
 
 from __future__ import annotations
@@ -37,16 +37,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine import ops
 from engine.attention_metadata import AttentionMetadata
 from engine.launched_step import SampledTokens
 from engine.request import Request
 from engine.scheduler import ScheduledRequest
-
-
-def _inputs_are_a_prefix(waiting: list[tuple[int, Request]]) -> bool:
-    """Whether the pending tokens' input indices are 0..P-1: both fills append them in input order
-    (strictly rising), so the last one tells."""
-    return waiting[-1][0] == len(waiting) - 1
+from kernels.stage_batch import StagingBuffers
 
 
 def _align(n: int) -> int:
@@ -97,16 +93,18 @@ class InputBatch:
         self.block_size = block_size
         self.device = device
         pin = device.type == "cuda"
-        n64 = 3 * _align(max_num_tokens) + 3 * _align(max_num_seqs)
+        n64 = 3 * _align(max_num_tokens) + _align(max_num_seqs)
         n32 = 2 * _align(max_num_seqs + 1) + max_num_seqs * max_blocks_per_seq
         self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=pin)
         self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=pin)
         self._np64 = self._host64.numpy()
         self._np32 = self._host32.numpy()
         self._dev64 = torch.zeros(n64, dtype=torch.int64, device=device)
-        self._dev32 = torch.zeros(n32, dtype=torch.int32, device=device)
+        # the device needs only the head: the staged table rows go straight into block_tables
+        self._dev32 = torch.zeros(2 * _align(max_num_seqs + 1), dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device)
         self._host_tables = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
+        self._buffers = StagingBuffers(self._host64, self._dev64, self._host32, self._dev32, self.block_tables)
         # NOTE: a row is reused as-is when it holds the same block list object as last step:
         # the block manager's lists only grow while their request holds its blocks (a freed
         # request's list is dropped and a new one made on reallocation). Holding the reference
@@ -114,12 +112,8 @@ class InputBatch:
         self._row_blocks: list[list[int] | None] = [None] * max_num_seqs
         self._row_len = [0] * max_num_seqs
         self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
-        self._copied = torch.cuda.Event() if pin else None
-        # Pending-token gathers by kind (tests): where the pending inputs are 0..P-1, as in a decode step
-        # whose every row waits on the last step, one index_select writes them; elsewhere a gather and a
-        # scatter. Each op outside the graph adds a kernel and its launch gap to a batch-1 decode step.
-        self.num_prefix_gathers = 0
-        self.num_scattered_gathers = 0
+        self._copied = torch.cuda.Event() if pin else None  # recorded behind the kernel that reads the host buffers
+        self.num_pending_staged = 0  # input ids staged as pending (tests: async steps took the device's tokens)
 
     # ---- the views a captured graph reads ---------------------------------------
     def decode_views(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -157,7 +151,7 @@ class InputBatch:
     def fill_dummy_mixed(self, num_tokens: int, num_seqs: int) -> None:
         """A harmless mixed batch for warm-up and capture: num_tokens tokens spread evenly over
         num_seqs fresh sequences, token 0, no KV write (slot -1), keys read from block 0."""
-        self._wait_for_last_copy()
+        self._wait_for_last_staging()
         t, s, a, sa = num_tokens, num_seqs, _align(num_tokens), _align(num_seqs + 1)
         per_seq = -(-t // s)
         starts = np.minimum(self._arange[: s + 1] * per_seq, t)
@@ -165,20 +159,20 @@ class InputBatch:
         self._np64[2 * a : 2 * a + t] = -1
         self._np32[:s] = starts[1:] - starts[:-1]
         self._np32[sa : sa + s + 1] = starts
-        self._copy(2 * a + t, sa + s + 1)
+        self._stage(2 * a + t, sa + s + 1)
         self.block_tables[:s].zero_()
         self._row_blocks[:s] = [None] * s
 
     def fill_dummy_decode(self, num_rows: int) -> None:
         """A harmless decode batch for warm-up and capture: token 0 at position 0, no KV write
         (slot -1), one key read from block 0."""
-        self._wait_for_last_copy()
+        self._wait_for_last_staging()
         b, a, sa = num_rows, _align(num_rows), _align(num_rows + 1)
         self._np64[: 2 * a] = 0
         self._np64[2 * a : 2 * a + b] = -1
         self._np32[:b] = 1
         self._np32[sa : sa + b + 1] = self._arange[: b + 1]
-        self._copy(2 * a + b, sa + b + 1)
+        self._stage(2 * a + b, sa + b + 1)
         self.block_tables[:b].zero_()
         self._row_blocks[:b] = [None] * b  # the device rows no longer match the host rows
 
@@ -195,7 +189,7 @@ class InputBatch:
         pad_to: tuple[int, int] | None = None,
         pending: SampledTokens | None = None,
     ) -> StepInputs:
-        """Stages the step's batch and starts its copies to the device.
+        """Stages the step's batch and launches the kernel that brings it to the device.
 
         Args:
             scheduled: the scheduler's items, in order.
@@ -208,7 +202,7 @@ class InputBatch:
             pending: the tokens of the step launched before this one, on the device: where a
                 request's token that the host has not read yet is found.
         """
-        self._wait_for_last_copy()
+        self._wait_for_last_staging()
         num_seqs = len(scheduled)
         pad_tokens, padded = pad_to if pad_to is not None else (num_tokens, num_seqs)
         decode = pad_tokens == padded
@@ -228,32 +222,14 @@ class InputBatch:
         identity_rows = decode and len(rows) == num_seqs
         num_rows = 0 if identity_rows else len(rows)
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
-        n64 = 3 * a + num_rows
-        pending_at = 3 * a + _align(num_rows)
-        prefix = bool(waiting) and _inputs_are_a_prefix(waiting)
         if waiting:
-            n64 = self._stage_pending(waiting, pending, pending_at, prefix)
+            self._stage_pending(waiting, pending)
         bt_offset = 2 * sa
-        n32 = bt_offset
-        if tables_changed:
+        table_rows = num_seqs if tables_changed else 0
+        if table_rows:
             staging = self._np32[bt_offset : bt_offset + num_seqs * width_used].reshape(num_seqs, width_used)
             staging[...] = self._host_tables[:num_seqs, :width_used]
-            n32 += num_seqs * width_used
-        self._copy(n64, n32)
-        if waiting:
-            p = len(waiting)
-            src = self._dev64[pending_at : pending_at + p]
-            # into input_ids [T] (views that do not overlap the indices they are given)
-            if prefix:  # inputs 0..p-1, a decode step's rows: one op
-                torch.index_select(pending.token_ids, 0, src, out=self._dev64[:p])
-                self.num_prefix_gathers += 1
-            else:
-                dst = self._dev64[pending_at + p : pending_at + 2 * p]
-                self._dev64[:t].index_copy_(0, dst, pending.token_ids.index_select(0, src))
-                self.num_scattered_gathers += 1
-        if tables_changed:
-            src = self._dev32[bt_offset : bt_offset + num_seqs * width_used].view(num_seqs, width_used)
-            self.block_tables[:num_seqs, :width_used].copy_(src)
+        self._stage(3 * a + num_rows, bt_offset, t, pending.token_ids if waiting else None, table_rows, width_used)
         meta = AttentionMetadata(
             slot_mapping=self._dev64[2 * a : 2 * a + t],
             block_tables=self.block_tables[:padded],
@@ -293,25 +269,19 @@ class InputBatch:
             changed = True
         return width_used, changed
 
-    def _stage_pending(
-        self, waiting: list[tuple[int, Request]], pending: SampledTokens | None, offset: int, prefix: bool
-    ) -> int:
-        """Stages the pending tokens' rows in `pending` at `offset`, then their input indices unless those
-        are 0..P-1 (`prefix`); returns the end of the staged int64 data."""
+    def _stage_pending(self, waiting: list[tuple[int, Request]], pending: SampledTokens | None) -> None:
+        """Stages each pending token's input id as -1 - its row in `pending` (kernels/stage_batch.py
+        reads the token there on the device)."""
         if pending is None:
             raise RuntimeError("a request's newest token is pending but no launched step holds it")
         row_of = pending.row_of
+        self.num_pending_staged += len(waiting)
         try:
-            sources = [row_of[request] for _, request in waiting]
+            for index, request in waiting:
+                self._np64[index] = -1 - row_of[request]
         except KeyError as exc:
             missing = exc.args[0].request_id
             raise RuntimeError(f"request {missing} has a pending token the last step did not sample") from exc
-        p = len(waiting)
-        self._np64[offset : offset + p] = sources
-        if prefix:
-            return offset + p
-        self._np64[offset + p : offset + 2 * p] = [index for index, _ in waiting]
-        return offset + 2 * p
 
     def _fill_decode(
         self, scheduled: list[ScheduledRequest], padded: int, waiting: list[tuple[int, Request]]
@@ -391,15 +361,18 @@ class InputBatch:
             np32[sa + num_seqs + 1 : sa + pad_seqs + 1] = t
         return seq_lens, query_lens, rows, sampling
 
-    def _copy(self, n64: int, n32: int) -> None:
-        non_blocking = self._copied is not None
-        self._dev64[:n64].copy_(self._host64[:n64], non_blocking=non_blocking)
-        self._dev32[:n32].copy_(self._host32[:n32], non_blocking=non_blocking)
+    def _stage(
+        self, n64: int, n32: int, num_ids: int = 0, pending: torch.Tensor | None = None, table_rows: int = 0,
+        width: int = 0,
+    ) -> None:  # fmt: skip
+        """The staged heads (and `table_rows` x `width` table rows after the int32 head) to the device,
+        pending input ids among the first `num_ids` taken from `pending` (ops.stage_batch)."""
+        ops.stage_batch(self._buffers, n64, num_ids, pending, n32, table_rows, width)
         if self._copied is not None:
             self._copied.record()
 
-    def _wait_for_last_copy(self) -> None:
-        """NOTE: the host buffers are rewritten only once the last step's copies have left them
+    def _wait_for_last_staging(self) -> None:
+        """NOTE: the host buffers are rewritten only once the last step's staging kernel has read them
         (a step that samples nothing never syncs with the device)."""
         if self._copied is not None:
             self._copied.synchronize()

@@ -5,12 +5,14 @@ last position of each sampling request, samples.
 Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
 
 Per step the host does: one pass over the scheduled items into numpy views of pinned
-buffers (engine/input_batch.py), two non-blocking copies, one graph replay or eager
-forward, the LM head and sampling launches, a non-blocking copy of the sampled tokens to a
-pinned buffer, and ONE device sync (reading them, in `LaunchedStep.result()`) for batches
-where no request asks for logprobs (greedy in one kernel, sampling with temperature, top-k/p,
-min-p on the device). `launch` returns before that sync, so the engine can stage and launch the
-next step while the device still runs this one (async scheduling, engine/llm_engine.py).
+buffers (engine/input_batch.py), one kernel that reads them into the device's, one graph
+replay or eager forward, the LM head and sampling launches (inside the replay for small
+decode batches, the greedy kernel too when every row is plain greedy: engine/cuda_graphs.py),
+one kernel that writes the sampled tokens into a pinned buffer, and ONE device sync (reading
+them, in `LaunchedStep.result()`) for batches where no request asks for logprobs (greedy in
+one kernel, sampling with temperature, top-k/p, min-p on the device). `launch` returns before
+that sync, so the engine can stage and launch the next step while the device still runs this
+one (async scheduling, engine/llm_engine.py).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import torch
 
 from engine import ops
 from engine.attention_metadata import AttentionMetadata
-from engine.cuda_graphs import StepGraphs
-from engine.input_batch import InputBatch
+from engine.cuda_graphs import GraphOutputs, StepGraphs
+from engine.input_batch import InputBatch, StepInputs
 from engine.kv_cache import (
     DEFAULT_CPU_KV_TOKENS,
     KVCacheSpec,
@@ -107,7 +109,13 @@ class ModelRunner:
         the bucketing and padding that the graphs rely on.
         """
         self.graphs = StepGraphs(
-            self._forward, self.inputs, self.max_decode_batch, self.inputs.max_num_tokens, capture=capture
+            self._forward,
+            self.inputs,
+            self.max_decode_batch,
+            self.inputs.max_num_tokens,
+            capture=capture,
+            head=lambda hidden: self.model.compute_logits(hidden, widen=False),
+            greedy=ops.greedy_sample,
         )
         self.graphs.capture_all()
 
@@ -190,59 +198,74 @@ class ModelRunner:
         num_tokens = sched.num_scheduled_tokens
         bucket = self.graphs.bucket_for(num_tokens, len(items)) if self.graphs is not None else None
         step = self.inputs.prepare(items, num_tokens, pad_to=bucket, pending=self._last_sampled)
+        requests = [items[i].request for i in step.sampling]
+        greedy = all(map(_is_plain_greedy, requests))
         if clock is not None:
             clock.launching()
         if bucket is not None:
-            hidden = self.graphs.run(bucket)  # [T_b, H], rows past the real tokens are padding
+            # the greedy graph only where every row of the bucket's first S samples (its tokens are rows 0..S-1)
+            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and step.logits_rows is None)
         else:
-            hidden = self._forward(step.input_ids, step.positions, step.meta)  # [T, H]
-        requests = [items[i].request for i in step.sampling]
+            out = GraphOutputs(self._forward(step.input_ids, step.positions, step.meta))  # [T, H]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         if not requests:
             self._last_sampled = None
             if clock is not None:
                 clock.launched()
             return LaunchedStep([], _nothing_sampled, on_done)
-        rows = hidden[: step.num_seqs] if step.logits_rows is None else hidden[step.logits_rows]
-        greedy = all(map(_is_plain_greedy, requests))
-        # greedy only compares logits: in the model's dtype, which float32 would only widen (LMHead)
-        logits = self.model.compute_logits(rows, widen=not greedy)  # [S, V]
-        if greedy:
-            # argmax and the finiteness check in one kernel on CUDA
-            token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
-        elif not any(r.sampling_params.logprobs is not None for r in requests):
-            # temperature, top-k/p, min-p (one kernel on CUDA), bias, min_tokens: read a step later
-            token_ids, read = self._read_later(self.sampler.sample_packed(logits, requests), requests)
+        if out.tokens is not None:  # the graph sampled: [2, b], rows 0..S-1 are the requests'
+            token_ids, read = self._read_later(out.tokens, requests)
         else:
-            out = self.sampler(logits, requests)  # NOTE: syncs (logprobs are built on the host)
-            token_ids = torch.tensor(out.token_ids, dtype=torch.int64, device=self.device)
-            read = lambda: ModelRunnerOutput(requests, out.token_ids, out.logprobs, out.errors)  # noqa: E731
+            logits = self._logits(out, step, widen=not (greedy or _samples_in_a_kernel(requests)))  # [S, V]
+            if greedy:
+                # argmax and the finiteness check in one kernel on CUDA
+                token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
+            elif not any(r.sampling_params.logprobs is not None for r in requests):
+                # temperature, top-k/p, min-p (one kernel on CUDA), bias, min_tokens: read a step later
+                token_ids, read = self._read_later(self.sampler.sample_packed(logits, requests), requests)
+            else:
+                sampled = self.sampler(logits, requests)  # NOTE: syncs (logprobs are built on the host)
+                token_ids = torch.tensor(sampled.token_ids, dtype=torch.int64, device=self.device)
+                result = ModelRunnerOutput(requests, sampled.token_ids, sampled.logprobs, sampled.errors)
+                read = lambda: result  # noqa: E731
         self._last_sampled = SampledTokens(token_ids, requests)
         if clock is not None:
             clock.launched()
         return LaunchedStep(requests, read, on_done)
 
+    def _logits(self, out: GraphOutputs, step: StepInputs, widen: bool) -> torch.Tensor:
+        """The sampling rows' logits [S, V]: float32 where `widen`, else in the model's dtype (the values
+        float32 would widen exactly: the LM head rounds to the model's dtype either way, LMHead), from
+        the graph's LM head where it ran one, else from the hidden states."""
+        if out.logits is None:
+            rows = out.hidden[: step.num_seqs] if step.logits_rows is None else out.hidden[step.logits_rows]
+            return self.model.compute_logits(rows, widen=widen)
+        logits = out.logits[: step.num_seqs] if step.logits_rows is None else out.logits[step.logits_rows]
+        return logits.float() if widen else logits
+
     def _read_later(
         self, packed: torch.Tensor, requests: list[Request]
     ) -> tuple[torch.Tensor, Callable[[], ModelRunnerOutput]]:
-        """The Sampler's result without a host sync at launch: packed [2, S] int64 (token ids, 1
-        where the row's logits were all finite) travels to a pinned host buffer by a non-blocking
-        copy, and reading it is the step's one sync. Returns (token ids on the device, read)."""
+        """The Sampler's result without a host sync at launch: packed [2, R] int64 (token ids, 1
+        where the row's logits were all finite; R >= S, rows past the requests' are a graph bucket's
+        padding) is written into a pinned host buffer by a kernel queued behind it, and reading it is
+        the step's one sync. Returns (token ids on the device, read)."""
         num_rows = len(requests)
         if self._host_samples is None:
             host, ready = packed, None  # CPU: already on the host
         else:
             slot = self._next_slot
             self._next_slot ^= 1
-            host = self._host_samples[slot, : 2 * num_rows].view(2, num_rows)
-            host.copy_(packed, non_blocking=True)
+            width = packed.shape[1]
+            host = self._host_samples[slot, : 2 * width].view(2, width)
+            ops.write_to_host(packed, host)  # a kernel's writes on CUDA: no copy-engine op at the step's tail
             ready = self._samples_ready[slot]
             ready.record()
 
         def read() -> ModelRunnerOutput:
             if ready is not None:
                 ready.synchronize()
-            tokens, ok = host.tolist()
+            tokens, ok = host[:, :num_rows].tolist()
             # The host has not appended these tokens yet: each one's position is the request's length.
             errors = [None if good else _non_finite(r) for r, good in zip(requests, ok)]
             return ModelRunnerOutput(requests, tokens, [None] * num_rows, errors)
@@ -256,6 +279,12 @@ def _non_finite(request: Request) -> str:
 
 def _nothing_sampled() -> ModelRunnerOutput:
     return ModelRunnerOutput([], [], [], [])
+
+
+def _samples_in_a_kernel(requests: list[Request]) -> bool:
+    """Sampler.sample_packed's kernel path (every row only chooses, none asks for logprobs): it widens
+    each logit itself, so it takes them in the model's dtype, without a float32 copy of the rows."""
+    return all(only_chooses(r) and r.sampling_params.logprobs is None for r in requests)
 
 
 def _is_plain_greedy(request: Request) -> bool:

@@ -33,6 +33,7 @@ from kernels.random_sample_ref import random_sample_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
+from kernels.stage_batch import StagingBuffers, stage_batch_ref
 
 _BACKENDS = ("auto", "torch", "triton")
 _backend = "auto"
@@ -237,6 +238,29 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         kernel(k, v, kv_cache[0], kv_cache[1], slot_mapping)
         return
     store_kv_ref(k, v, kv_cache[0], kv_cache[1], slot_mapping)
+
+
+def stage_batch(
+    buffers: StagingBuffers, n64: int, num_ids: int, pending: torch.Tensor | None, n32: int, num_rows: int, width: int
+) -> None:
+    """A step's staged batch from the host buffers into the device's (kernels/stage_batch.py): the int64
+    and int32 heads, pending input ids (staged as -1 - row) from `pending`, changed block-table rows."""
+    if use_triton(buffers.dev64):
+        from kernels.stage_batch import stage_batch as kernel
+
+        kernel(buffers, n64, num_ids, pending, n32, num_rows, width)
+        return
+    stage_batch_ref(buffers, n64, num_ids, pending, n32, num_rows, width)
+
+
+def write_to_host(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst (a pinned host buffer) = src (int64 on the device), by a kernel on CUDA (kernels/write_to_host.py)."""
+    if use_triton(src):
+        from kernels.write_to_host import write_to_host as kernel
+
+        kernel(src, dst)
+        return
+    dst.copy_(src, non_blocking=True)
 
 
 def greedy_sample(logits: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,7 @@ def test_async_gives_the_sync_outputs(model_dir: Path, graphs: bool) -> None:
     assert expected[("r5", 0)][2] == "stop" and len(expected[("r5", 0)][0]) == 5  # the EOS stop did happen
     if graphs:
         assert engine.runner.graphs.num_replays > 20
-    assert engine.runner.inputs.num_prefix_gathers > 20  # decode rows took their pending tokens in one op
+    assert engine.runner.inputs.num_pending_staged > 20  # inputs read from the step before on the device
     stats = engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks and not engine.has_unfinished_requests()
 

@@ -170,6 +170,29 @@ def test_padded_static_decode_matches_the_plain_engine(kind: str, tiny_ckpt: Cal
     assert tokens == {rid: [t for t, _ in out] for rid, out in plain.items()}
 
 
+def test_small_decode_buckets_end_in_the_lm_head_and_the_greedy_kernel(tiny_ckpt: Callable[[str], Path]) -> None:
+    """Decode buckets of up to HEAD_MAX_ROWS rows run the LM head inside the graph, and plain greedy steps
+    the greedy kernel too; sampling steps take the graph's logits. Both give the plain engine's tokens."""
+    model_dir = tiny_ckpt("llama")
+    prompts = random_prompts(len(ARRIVALS), 49152, 3, 40, seed=7)
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
+    plain = make_engine(model_dir, max_num_batched_tokens=64)
+    want_greedy = run_staggered(plain, prompts, greedy, ARRIVALS)
+    want_sampled = run_staggered(plain, prompts, sampled, ARRIVALS)
+    engine = make_engine(model_dir, max_num_batched_tokens=64, max_num_seqs=16, num_kv_tokens=2048)
+    engine.runner.enable_graphs(capture=False)
+    graphs = engine.runner.graphs
+    assert graphs.head_sizes == [1, 2, 4, 8]
+    assert run_staggered(engine, prompts, greedy, ARRIVALS) == want_greedy
+    token_replays, logits_replays = graphs.num_token_replays, graphs.num_logits_replays
+    assert token_replays > 10 and logits_replays == token_replays  # every small greedy decode step
+    assert graphs.num_replays - graphs.num_mixed_replays > token_replays  # 16-row buckets end at the hidden states
+    assert run_staggered(engine, prompts, sampled, ARRIVALS) == want_sampled
+    assert graphs.num_token_replays == token_replays  # sampling never takes the greedy graph
+    assert graphs.num_logits_replays > logits_replays + 10
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's run of the kernels; on a GPU the graph tests cover it")
 def test_padded_decode_through_the_triton_kernels(tiny_ckpt: Callable[[str], Path]) -> None:
     """The real decode kernel (interpreted on the CPU) with padding rows of seq_len 0."""
@@ -224,6 +247,7 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
     tokens = run_staggered(engine, prompts, greedy, ARRIVALS)  # the greedy fast path after replays
     assert tokens == {rid: [t for t, _ in out] for rid, out in eager.items()}
     assert engine.runner.graphs.num_replays > replays + 20
+    assert engine.runner.graphs.num_token_replays > 0  # small buckets sampled inside their graphs
 
 
 @needs_gpu
@@ -235,7 +259,7 @@ def test_seeded_sampling_is_the_same_with_graphs(tiny_ckpt: Callable[[str], Path
     eager = run_staggered(_cuda_engine(model_dir, enforce_eager=True, async_scheduling=False), prompts, params)
     engine = _cuda_engine(model_dir, enforce_eager=False)
     assert run_staggered(engine, prompts, params) == eager
-    assert engine.runner.graphs.num_replays > 0
+    assert engine.runner.graphs.num_logits_replays > 0  # the LM head inside small buckets' graphs
 
 
 @needs_gpu

@@ -89,6 +89,26 @@ def test_kernel_picks_the_reference_token(vocab, select_top_k, device):
     assert out[1].tolist() == [1] * len(configs)
 
 
+@STEP_0
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16_bit_logits_pick_the_tokens_of_their_widened_copy(dtype, select_top_k, device):
+    """The engine hands the kernel the LM head's output in the model's dtype (engine/model_runner.py,
+    _samples_in_a_kernel) where it used to widen it to float32 first: every load widens exactly, so
+    each row must take the token, and the finiteness flag, of the float32 copy."""
+    gen = torch.Generator().manual_seed(11)
+    configs = CONFIGS * 2
+    seeds = torch.randint(0, 2**40, (len(configs),), generator=gen).tolist()
+    positions = torch.randint(0, 5000, (len(configs),), generator=gen).tolist()
+    logits = (torch.randn(len(configs), 1000, generator=gen) * 3).to(dtype)
+    logits[:, :4] += 5
+    logits[-1, 17] = float("inf")  # a non-finite row: flagged, as in the copy
+    params = _params(configs, seeds, positions, device)
+    narrow = random_sample(logits.to(device), params, select_top_k=select_top_k).cpu()
+    wide = random_sample(logits.float().to(device), params, select_top_k=select_top_k).cpu()
+    assert torch.equal(narrow, wide)
+    assert narrow[1].tolist() == [1] * (len(configs) - 1) + [0]
+
+
 def test_nucleus_rounds_reach_tokens_far_below_the_first_winner(device):
     """top_p small over a flat distribution: most races' first winner lies outside the nucleus, so
     the kernel takes several rounds; every row must still match the reference."""
