@@ -53,6 +53,21 @@ class StagingBuffers:
     dev32: torch.Tensor
     tables: torch.Tensor
 
+    def __post_init__(self) -> None:
+        """Checked once, where they are made: a step's launch checks only its sizes."""
+        named = (("host64", self.host64, torch.int64), ("dev64", self.dev64, torch.int64),
+                 ("host32", self.host32, torch.int32), ("dev32", self.dev32, torch.int32))  # fmt: skip
+        for name, t, dtype in named + (("tables", self.tables, torch.int32),):
+            if t.dtype != dtype:
+                raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+        for name, t, _ in named:
+            if t.dim() != 1 or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous 1-D tensor, got shape {tuple(t.shape)}")
+        if self.tables.dim() != 2 or self.tables.stride(1) != 1:
+            raise ValueError(f"tables must be [rows, width], unit column stride, got strides {self.tables.stride()}")
+        if self.dev64.is_cuda and not interpreting() and not (self.host64.is_pinned() and self.host32.is_pinned()):
+            raise ValueError("host64 and host32 must be pinned host memory (the kernel reads them over PCIe)")
+
 
 @triton.jit
 def _stage_kernel(
@@ -93,33 +108,15 @@ def _stage_kernel(
         tl.store(tables_ptr + row.to(tl.int64) * table_stride + column, value, mask=inside)
 
 
-def _check(buffers: StagingBuffers, pending: torch.Tensor | None) -> None:
-    host64, dev64, host32, dev32, tables = (buffers.host64, buffers.dev64, buffers.host32, buffers.dev32,
-                                            buffers.tables)  # fmt: skip
-    for name, t, dtype in (("host64", host64, torch.int64), ("dev64", dev64, torch.int64),
-                           ("host32", host32, torch.int32), ("dev32", dev32, torch.int32),
-                           ("tables", tables, torch.int32)):  # fmt: skip
-        if t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    for name, t in (("host64", host64), ("dev64", dev64), ("host32", host32), ("dev32", dev32)):
-        if t.dim() != 1 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous 1-D tensor, got shape {tuple(t.shape)}")
-    if tables.dim() != 2 or tables.stride(1) != 1:
-        raise ValueError(f"tables must be [rows, width] with unit column stride, got strides {tables.stride()}")
-    if pending is not None and (pending.dtype != torch.int64 or pending.dim() != 1 or pending.stride(0) != 1):
-        raise ValueError(f"pending must be a contiguous 1-D int64 tensor, got {pending.dtype} {tuple(pending.shape)}")
-    if not interpreting() and any(not t.is_pinned() for t in (host64, host32)):
-        raise ValueError("host64 and host32 must be pinned host memory (the kernel reads them over PCIe)")
-
-
 def stage_batch(
     buffers: StagingBuffers, n64: int, num_ids: int, pending: torch.Tensor | None, n32: int, num_rows: int, width: int
 ) -> None:
     """Stages a step (see the module docstring): n64 / n32 staged int64 / int32 values, of which the
     first num_ids are input ids, and num_rows x width table rows after the int32 head; pending: the
     last step's sampled tokens [P] on the device, or None when no input id is staged negative."""
-    _check(buffers, pending)
     b = buffers
+    if pending is not None and (pending.dtype != torch.int64 or pending.dim() != 1 or pending.stride(0) != 1):
+        raise ValueError(f"pending must be a contiguous 1-D int64 tensor, got {pending.dtype} {tuple(pending.shape)}")
     if n64 > b.host64.numel() or n64 > b.dev64.numel() or num_ids > n64:
         raise ValueError(f"n64 {n64} / num_ids {num_ids} exceed the buffers ({b.host64.numel()}, {b.dev64.numel()})")
     if n32 + num_rows * width > b.host32.numel() or n32 > b.dev32.numel():
