@@ -15,7 +15,7 @@ and reads none:
   query_start_loc entries equal T); the prefill kernel's grid, sized from (T_b, S_b),
   covers any real step of that size and skips the empty sequences.
 The graphs read their inputs from the InputBatch's device buffers at the fixed offsets of
-`decode_views` / `mixed_views`, so a replay is: stage the batch, two copies, one launch.
+`decode_views` / `mixed_views`, so a replay is: stage the batch, one staging kernel, one launch.
 
 Small decode buckets (up to HEAD_MAX_ROWS rows) end in the LM head, in the model's dtype, and
 have a second graph that goes on to the greedy kernel: a batch-1 step whose every row is plain
