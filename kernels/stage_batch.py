@@ -69,7 +69,9 @@ class StagingBuffers:
             raise ValueError("host64 and host32 must be pinned host memory (the kernel reads them over PCIe)")
 
 
-@triton.jit
+# NOTE: the sizes change from step to step; left to Triton, each new class of them (1, a multiple of 16,
+# anything else, per argument) would compile another variant in the middle of serving. One variant serves all.
+@triton.jit(do_not_specialize=["n64", "num_ids", "n32", "table_stride", "num_rows", "width"])
 def _stage_kernel(
     host64_ptr,  # int64 pinned host memory
     dev64_ptr,

@@ -18,7 +18,7 @@ from kernels._launch import interpreting
 BLOCK = 512
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # one variant for every batch size (kernels/stage_batch.py's NOTE)
 def _write_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = idx < n
