@@ -21,7 +21,9 @@ NOTE: launch it without PDL, and let a kernel launched without PDL come after it
 kernels launched with PDL read the step's metadata before their griddepcontrol.wait
 (kernels/_pdl.py), which only a completed predecessor makes safe.
 
-Kernel: a 1-D grid of programs striding over the three ranges in BLOCK-element chunks.
+Kernel: a 1-D grid; each of the three ranges has programs of its own (up to MAX_PROGRAMS_A_RANGE,
+striding over it in BLOCK-element chunks), so their PCIe round trips overlap: at batch 1 the int64 and
+int32 heads are read side by side instead of one after the other in one program.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import triton.language as tl
 from kernels._launch import interpreting
 
 BLOCK = 1024
-MAX_PROGRAMS = 32
+MAX_PROGRAMS_A_RANGE = 16
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,10 @@ class StagingBuffers:
 
 # NOTE: the sizes change from step to step; left to Triton, each new class of them (1, a multiple of 16,
 # anything else, per argument) would compile another variant in the middle of serving. One variant serves all.
-@triton.jit(do_not_specialize=["n64", "num_ids", "n32", "table_stride", "num_rows", "width"])
+_SIZES = ["n64", "num_ids", "n32", "table_stride", "num_rows", "width", "programs64", "programs32"]
+
+
+@triton.jit(do_not_specialize=_SIZES)
 def _stage_kernel(
     host64_ptr,  # int64 pinned host memory
     dev64_ptr,
@@ -85,29 +90,40 @@ def _stage_kernel(
     table_stride,
     num_rows,
     width,
+    programs64,  # programs [0, programs64) take the int64 range
+    programs32,  # the next programs32 the int32 head; the rest the table rows
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
     lanes = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, n64, step):
-        idx = start + lanes
-        inside = idx < n64
-        value = tl.load(host64_ptr + idx, mask=inside, other=0)
-        waits = inside & (idx < num_ids) & (value < 0)
-        token = tl.load(pending_ptr + (-1 - value), mask=waits, other=0)
-        tl.store(dev64_ptr + idx, tl.where(waits, token, value), mask=inside)
-    for start in range(pid * BLOCK, n32, step):
-        idx = start + lanes
-        inside = idx < n32
-        tl.store(dev32_ptr + idx, tl.load(host32_ptr + idx, mask=inside), mask=inside)
-    for start in range(pid * BLOCK, num_rows * width, step):
-        idx = start + lanes
-        inside = idx < num_rows * width
-        row = idx // width
-        column = idx - row * width
-        value = tl.load(host32_ptr + n32 + idx, mask=inside)
-        tl.store(tables_ptr + row.to(tl.int64) * table_stride + column, value, mask=inside)
+    if pid < programs64:
+        for start in range(pid * BLOCK, n64, programs64 * BLOCK):
+            idx = start + lanes
+            inside = idx < n64
+            value = tl.load(host64_ptr + idx, mask=inside, other=0)
+            waits = inside & (idx < num_ids) & (value < 0)
+            token = tl.load(pending_ptr + (-1 - value), mask=waits, other=0)
+            tl.store(dev64_ptr + idx, tl.where(waits, token, value), mask=inside)
+    elif pid < programs64 + programs32:
+        for start in range((pid - programs64) * BLOCK, n32, programs32 * BLOCK):
+            idx = start + lanes
+            inside = idx < n32
+            tl.store(dev32_ptr + idx, tl.load(host32_ptr + idx, mask=inside), mask=inside)
+    else:
+        first = programs64 + programs32
+        for start in range((pid - first) * BLOCK, num_rows * width, (tl.num_programs(0) - first) * BLOCK):
+            idx = start + lanes
+            inside = idx < num_rows * width
+            row = idx // width
+            column = idx - row * width
+            value = tl.load(host32_ptr + n32 + idx, mask=inside)
+            tl.store(tables_ptr + row.to(tl.int64) * table_stride + column, value, mask=inside)
+
+
+def _programs(elements: int) -> int:
+    """Programs for one of the three ranges: each reads its chunks over PCIe one round trip after another,
+    so the ranges get programs of their own and run side by side."""
+    return min(MAX_PROGRAMS_A_RANGE, triton.cdiv(elements, BLOCK))
 
 
 def stage_batch(
@@ -126,13 +142,13 @@ def stage_batch(
                          f"({b.host32.numel()}, {b.dev32.numel()})")  # fmt: skip
     if num_rows > b.tables.shape[0] or width > b.tables.shape[1]:
         raise ValueError(f"{num_rows} x {width} table rows exceed tables {tuple(b.tables.shape)}")
-    work = max(n64, n32, num_rows * width)
-    if work == 0:
+    programs64, programs32, programs_tables = _programs(n64), _programs(n32), _programs(num_rows * width)
+    if programs64 + programs32 + programs_tables == 0:
         return
-    grid = (min(MAX_PROGRAMS, triton.cdiv(work, BLOCK)),)
-    _stage_kernel[grid](
+    _stage_kernel[(programs64 + programs32 + programs_tables,)](
         b.host64, b.dev64, n64, num_ids, pending if pending is not None else b.dev64,
-        b.host32, b.dev32, n32, b.tables, b.tables.stride(0), num_rows, width, BLOCK=BLOCK, num_warps=4,
+        b.host32, b.dev32, n32, b.tables, b.tables.stride(0), num_rows, width, programs64, programs32,
+        BLOCK=BLOCK, num_warps=4,
     )  # fmt: skip
 
 

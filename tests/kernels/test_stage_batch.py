@@ -34,8 +34,8 @@ def _staged(n64: int, num_ids: int, num_pending: int, n32: int, rows: int, width
 @pytest.mark.parametrize(
     "n64, num_ids, num_pending, n32, rows, width",
     [(48, 1, 1, 32, 1, 3), (300, 80, 17, 96, 40, 7), (3 * BLOCK + 5, 2 * BLOCK, 200, 2 * BLOCK + 3, 64, 40),
-     (20, 4, 0, 16, 0, 0)],
-    ids=["batch1", "mixed", "many_programs", "no_pending_no_tables"],
+     (20, 4, 0, 16, 0, 0), (17 * BLOCK + 3, 9000, 900, 17 * BLOCK + 1, 130, 131)],
+    ids=["batch1", "mixed", "many_programs", "no_pending_no_tables", "programs_take_several_chunks"],
 )  # fmt: skip
 def test_stage_batch_matches_the_reference(n64, num_ids, num_pending, n32, rows, width, device):
     host64, host32, pending = _staged(n64, num_ids, num_pending, n32, rows, width, seed=n64)
