@@ -87,3 +87,29 @@ def test_write_to_host_copies_the_tokens(width, device):
     assert torch.equal(dst, src.cpu())
     with pytest.raises(ValueError, match="one shape"):
         write_to_host(src, _host(torch.zeros(2, width + 1, dtype=torch.int64)))
+
+
+def _variants(kernel) -> int:
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled variants exist on a GPU only (the interpreter compiles nothing)")
+def test_every_size_runs_one_compiled_variant(device):
+    """The sizes change every step: a size Triton specialized (1, a multiple of 16, anything else) would
+    compile another variant the first time a step met its class, in the middle of serving (session 22:
+    the first offline run on a fresh H100 lost 14% to it). One variant must serve them all."""
+    from kernels.stage_batch import _stage_kernel
+    from kernels.write_to_host import _write_kernel
+
+    shapes = [(48, 1, 1, 32, 1, 3), (300, 80, 17, 96, 40, 7), (64, 16, 3, 16, 16, 16), (17, 17, 0, 33, 0, 0)]
+    for n64, num_ids, num_pending, n32, rows, width in shapes:
+        host64, host32, pending = _staged(n64, num_ids, num_pending, n32, rows, width, seed=n64)
+        dev64 = torch.zeros(n64 + 40, dtype=torch.int64, device=device)
+        dev32 = torch.zeros(n32 + 8, dtype=torch.int32, device=device)
+        tables = torch.zeros(rows + 3, width + 5, dtype=torch.int32, device=device)
+        buffers = StagingBuffers(_host(host64), dev64, _host(host32), dev32, tables)
+        stage_batch(buffers, n64, num_ids, pending.to(device) if num_pending else None, n32, rows, width)
+    for width in (1, 8, 3, 16):
+        write_to_host(torch.zeros(2, width, dtype=torch.int64, device=device), _host(torch.zeros(2, width).long()))
+    torch.cuda.synchronize()
+    assert (_variants(_stage_kernel), _variants(_write_kernel)) == (1, 1)
