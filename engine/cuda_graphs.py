@@ -63,8 +63,9 @@ MAX_MIXED_GRAPH_TOKENS = MIXED_TOKEN_SIZES[-1]
 Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decode bucket
 # Decode buckets up to this many rows take the LM head (and, for plain greedy steps, the greedy kernel)
 # inside their graphs. Where it pays is batch-1 latency: a launch gap is a few microseconds of a ~1 ms
-# step. The cap keeps the logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k);
-# larger batches' steps are long enough that the two launches outside do not show.
+# step (measured at batch 1 only: 2-4 us, bench/results/h100/zero_copy_session22/). The cap keeps the
+# logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k); that larger batches' longer
+# steps would not show the two launches outside is a reading, not a measurement.
 HEAD_MAX_ROWS = 8
 
 
@@ -205,15 +206,18 @@ class StepGraphs:
         free_before = torch.cuda.mem_get_info(device)[0]
         for bucket in sorted(self._views, reverse=True):
             num_tokens, num_seqs = bucket
-            for end in self._ends(bucket):
-                if num_tokens == num_seqs:
-                    self.inputs.fill_dummy_decode(num_seqs)
-                else:
-                    self.inputs.fill_dummy_mixed(num_tokens, num_seqs)
-                stream.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(stream):
-                    self._body(bucket, end)  # compiles kernels, makes per-stream buffers and handles
-                torch.cuda.synchronize(device)
+            if num_tokens == num_seqs:
+                self.inputs.fill_dummy_decode(num_seqs)
+            else:
+                self.inputs.fill_dummy_mixed(num_tokens, num_seqs)
+            ends = self._ends(bucket)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                # the longest body (its last end) runs every kernel the bucket's graphs hold: compiles them,
+                # makes per-stream buffers and handles
+                self._body(bucket, ends[-1])
+            torch.cuda.synchronize(device)
+            for end in ends:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                     self._outputs[(bucket, end)] = self._body(bucket, end)

@@ -216,7 +216,7 @@ class ModelRunner:
         if out.tokens is not None:  # the graph sampled: [2, b], rows 0..S-1 are the requests'
             token_ids, read = self._read_later(out.tokens, requests)
         else:
-            logits = self._logits(out, step, widen=not (greedy or _samples_in_a_kernel(requests)))  # [S, V]
+            logits = self._logits(out, step)  # [S, V] in the model's dtype
             if greedy:
                 # argmax and the finiteness check in one kernel on CUDA
                 token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
@@ -233,15 +233,14 @@ class ModelRunner:
             clock.launched()
         return LaunchedStep(requests, read, on_done)
 
-    def _logits(self, out: GraphOutputs, step: StepInputs, widen: bool) -> torch.Tensor:
-        """The sampling rows' logits [S, V]: float32 where `widen`, else in the model's dtype (the values
-        float32 would widen exactly: the LM head rounds to the model's dtype either way, LMHead), from
-        the graph's LM head where it ran one, else from the hidden states."""
+    def _logits(self, out: GraphOutputs, step: StepInputs) -> torch.Tensor:
+        """The sampling rows' logits [S, V] in the model's dtype (LMHead widen=False: greedy and the sampling
+        kernel widen each value themselves, the Sampler's torch path its rows), from the graph's LM head
+        where it ran one, else from the hidden states."""
         if out.logits is None:
             rows = out.hidden[: step.num_seqs] if step.logits_rows is None else out.hidden[step.logits_rows]
-            return self.model.compute_logits(rows, widen=widen)
-        logits = out.logits[: step.num_seqs] if step.logits_rows is None else out.logits[step.logits_rows]
-        return logits.float() if widen else logits
+            return self.model.compute_logits(rows, widen=False)
+        return out.logits[: step.num_seqs] if step.logits_rows is None else out.logits[step.logits_rows]
 
     def _read_later(
         self, packed: torch.Tensor, requests: list[Request]
@@ -279,12 +278,6 @@ def _non_finite(request: Request) -> str:
 
 def _nothing_sampled() -> ModelRunnerOutput:
     return ModelRunnerOutput([], [], [], [])
-
-
-def _samples_in_a_kernel(requests: list[Request]) -> bool:
-    """Sampler.sample_packed's kernel path (every row only chooses, none asks for logprobs): it widens
-    each logit itself, so it takes them in the model's dtype, without a float32 copy of the rows."""
-    return all(only_chooses(r) and r.sampling_params.logprobs is None for r in requests)
 
 
 def _is_plain_greedy(request: Request) -> bool:

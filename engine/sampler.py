@@ -88,7 +88,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """
         Args:
-            logits: [S, V] float32, one row per request that samples this step (in order).
+            logits: [S, V] float, one row per request that samples this step (in order); `sample`
+                widens 16-bit ones.
             requests: the S requests; each samples the token at position
                 `request.num_tokens_with_pending` (async scheduling: the previous step's token
                 may be sampled but not yet read).
@@ -137,7 +138,11 @@ class Sampler:
         """(token ids [S] int64, non-finite rows [S] bool, log-softmax [S, V] or None when no row
         asks for logprobs), all on the device. Only presence/frequency penalties wait for it
         (torch.unique); otherwise the per-request values come from the host, so the runner can
-        read the tokens a step later (requests with penalties run synchronous steps anyway)."""
+        read the tokens a step later (requests with penalties run synchronous steps anyway).
+
+        logits may be in the model's dtype (the LM head's output, LMHead widen=False): they are widened
+        here, since the penalties, bias and log-softmax compute on them in place."""
+        logits = logits.float()  # exact: the values of the LM head's float32 output
         bad = ~torch.isfinite(logits).all(dim=-1)  # [S]
         logits = torch.where(bad[:, None], torch.zeros_like(logits), logits)
         wants_logprobs = any(r.sampling_params.logprobs is not None for r in requests)
