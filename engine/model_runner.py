@@ -38,6 +38,7 @@ from engine.request import Request
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
 from engine.step_timer import StepTimer
+from kernels.random_sample import pack_params
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class ModelRunner:
         self._next_slot = 0
         if cuda_graphs and device.type == "cuda":
             self.enable_graphs(capture=True)
+        if device.type == "cuda":
+            self._warm_up_sampling()
 
     def enable_graphs(self, capture: bool) -> None:
         """Pads decode steps and small mixed steps to buckets over static buffers; capture=True
@@ -146,6 +149,26 @@ class ModelRunner:
         del scratch, caches, hidden, logits
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def _warm_up_sampling(self) -> None:
+        """Runs the sampling kernel once without and once with its top-k step (kernels/random_sample.py) and
+        writes its tokens into the pinned buffer (kernels/write_to_host.py), so that these kernels are built
+        while the engine starts, not inside the first steps it serves.
+
+        NOTE: the warm-up forward and the graph capture run neither. On a fresh H100 worker (empty Triton
+        cache) the first sampled steps built 9 variants, 5.1 s of compiles inside steps of every running
+        request (bench/results/h100/compiles_session23/). tests/engine/test_compiles_after_start.py serves
+        varied steps after start and fails on any variant built then."""
+        if self._host_samples is None or not ops.use_triton(torch.empty(0, device=self.device)):
+            return
+        hidden = torch.zeros((1, self.model.config.hidden_size), dtype=self.spec.dtype, device=self.device)
+        logits = self.model.compute_logits(hidden, widen=False)  # [1, V] as a step's logits are (rows vary freely)
+        for top_k, asks_step_0 in ((0, False), (20, True)):  # the check alone; top-k and top-p's step 0
+            params = pack_params([0.8], [top_k], [0.9], [0.0], [1], pin=True)
+            packed = ops.random_sample(logits, params, rows_ask_step_0=asks_step_0)
+            ops.write_to_host(packed, self._host_samples[0, :2].view(2, 1))
+        torch.cuda.synchronize(self.device)
 
     def _prefill_metadata(self, lens: list[int]) -> tuple[AttentionMetadata, torch.Tensor]:
         """Metadata for fresh sequences laid out one after another in the pool (warm-up only)."""

@@ -1,0 +1,108 @@
+"""A started engine compiles no Triton kernel while it serves (GPU).
+
+Triton compiles a kernel variant the first time a launch needs it: a new constexpr, dtype, or class of
+an integer argument (1, a multiple of 16, anything else) that the kernel specializes. A compile takes
+~0.1-1 s, on a fresh worker with an empty cache; in the middle of serving it stalls every request in
+the step (session 22: the staging kernel's step-varying sizes cost the first offline run 14%). So
+every variant that serving needs must be compiled while the engine starts: the warm-up forwards and
+the CUDA-graph capture (engine/model_runner.py). The workload here crosses what varies from step to
+step: prompts of 1, 16 and other token counts, a prompt chunked over steps, arrivals that make mixed
+steps, every decode bucket up to max_num_seqs, logprobs and each sampling filter.
+
+NOTE: variants live in the process, so a kind tested after another meets the variants the first built:
+the first kind is the strict check, the second adds what only it builds (Qwen3's q/k norms).
+Triton's jit_cache_hook runs when a launch finds no variant in the kernel's in-process cache,
+before it compiles or loads one from the disk cache, so a warm disk cache does not hide a variant here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.engine.engine_helpers import mixed_sampling_params, random_prompts, run_staggered
+from tests.engine.gpu_checkpoints import tiny_checkpoint_factory
+
+ON_GPU = torch.cuda.is_available()
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS = 16, 256
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    return tiny_checkpoint_factory(request, tmp_path_factory)
+
+
+class CompileLog:
+    """The kernel variants Triton had to build (or load from its disk cache), in order: each kernel's name,
+    the arguments it specialized (16-byte alignment, a value of 1) and its constexprs."""
+
+    def __init__(self) -> None:
+        self.variants: list[str] = []
+        self.seconds: list[float] = []  # each variant's build (or disk-cache load) time
+
+    def __enter__(self) -> CompileLog:
+        import triton
+
+        runtime = triton.knobs.runtime
+        self._before = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = self._record, self._built
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import triton
+
+        triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook = self._before
+
+    def _built(self, **_) -> None:
+        self.seconds.append(time.perf_counter() - self._started)
+
+    def _record(self, *, fn, compile: dict, **_) -> None:  # noqa: A002 - Triton's keywords
+        names = fn.jit_function.arg_names
+        specialized = {names[i[0]]: v for i, v in compile["configs"][0].items()}  # alignment, == 1
+        constexprs = {names[i[0]]: v for i, v in compile["constants"].items() if i[0] < len(names)}
+        self.variants.append(f"{fn.name} specialized={specialized} constexprs={constexprs}")
+        self._started = time.perf_counter()
+        # returns None: Triton goes on to compile
+
+
+def serve_varied_steps(engine: LLMEngine) -> None:
+    """Requests whose steps take every per-step size class the engine meets in serving."""
+    vocab = engine.vocab_size
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    # prefills of 1, 16, 37 tokens alone, then one chunked over two steps (300 > 256 a step)
+    for length in (1, 16, 37, 300):
+        run_staggered(engine, [random_prompts(1, vocab, length, length, seed=length)[0]], greedy)
+    # arrivals while others decode (mixed steps), every decode bucket up to MAX_NUM_SEQS rows, each sampler
+    prompts = random_prompts(MAX_NUM_SEQS, vocab, 2, 90, seed=7)
+    sampling = mixed_sampling_params(max_tokens=12)
+    params = [sampling[i % len(sampling)] for i in range(MAX_NUM_SEQS)]
+    run_staggered(engine, prompts, params, arrival_steps=list(range(MAX_NUM_SEQS)))
+    run_staggered(engine, prompts, params)  # all at once: a 16-row decode batch
+    with_logprobs = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3)
+    run_staggered(engine, prompts[:3], with_logprobs)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Triton compiles for a CUDA GPU (the interpreter compiles nothing)")
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_started_engine_compiles_no_kernel_while_serving(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
+    with CompileLog() as log:
+        engine = LLMEngine(
+            EngineConfig(
+                model=ModelConfig(model=str(tiny_ckpt(kind)), dtype="bfloat16"),
+                scheduler=SchedulerConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
+                cache=CacheConfig(num_kv_tokens=8192),
+                device="cuda",
+            )
+        )
+        at_start = len(log.variants)
+        serve_varied_steps(engine)
+    assert at_start > 0  # the log sees Triton's compiles at all
+    after_start = [f"{v} ({s:.2f} s)" for v, s in zip(log.variants[at_start:], log.seconds[at_start:], strict=False)]
+    assert not after_start, f"{len(after_start)} kernel variants built while serving:\n" + "\n".join(after_start)
