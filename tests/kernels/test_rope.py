@@ -11,7 +11,8 @@ from kernels.rope import apply_rope, apply_rope_ref
 
 ON_GPU = torch.cuda.is_available()
 # (tokens, Hq, Hkv, D)
-SHAPES = [(1, 4, 1, 64), (7, 8, 2, 80), (5, 2, 2, 128), (3, 6, 6, 32)]
+# the last two take several head chunks (rope_tiles: at most 4096 elements a chunk): q's alone, and q's and k's
+SHAPES = [(1, 4, 1, 64), (7, 8, 2, 80), (5, 2, 2, 128), (3, 6, 6, 32), (3, 40, 10, 256), (2, 40, 40, 256)]
 if ON_GPU:
     SHAPES += [(4096, 32, 8, 128), (1, 64, 8, 128), (333, 16, 2, 256), (1000, 14, 2, 64)]
 DTYPES = [

@@ -12,7 +12,9 @@ from tests.kernels.test_rope import DTYPES, MAX_POSITIONS, cos_sin_cache
 ON_GPU = torch.cuda.is_available()
 # (tokens, Hq, Hkv, D, blocks, block size): one token, odd counts that cross token tiles,
 # GQA 1 / 4 / 8, head dims that are not powers of two
-SHAPES = [(1, 4, 1, 64, 2, 16), (7, 8, 2, 80, 3, 4), (5, 2, 2, 128, 2, 8), (9, 8, 1, 32, 4, 4)]
+# the last two take several head chunks (rope.py's rope_tiles): q's alone, and q's and k's
+SHAPES = [(1, 4, 1, 64, 2, 16), (7, 8, 2, 80, 3, 4), (5, 2, 2, 128, 2, 8), (9, 8, 1, 32, 4, 4), (3, 40, 10, 256, 2, 4),
+          (2, 40, 40, 256, 2, 4)]  # fmt: skip
 if ON_GPU:
     SHAPES += [(4096, 32, 8, 128, 600, 16), (1, 64, 8, 128, 4, 16), (333, 16, 2, 256, 30, 16),
                (1000, 14, 2, 64, 70, 16), (32768, 16, 4, 128, 4200, 16)]  # fmt: skip
