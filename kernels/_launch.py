@@ -192,11 +192,16 @@ TOKEN_TILE_KEYS = ("BLOCK_T", "num_warps")
 
 
 def token_tile(
-    num_tokens: int, head_elements: int, device: torch.device, tiles: dict | None, max_tokens: int = 64
+    num_tokens: int,
+    head_elements: int,
+    device: torch.device,
+    tiles: dict | None,
+    max_tokens: int = 64,
+    tile_elements: int = TOKEN_TILE_ELEMENTS,
 ) -> dict:
     """BLOCK_T (tokens per program) and num_warps for a memory-bound kernel over [T, head_elements] rows.
 
-    As many tokens as fit TOKEN_TILE_ELEMENTS (at most max_tokens), but no fewer programs
+    As many tokens as fit tile_elements (at most max_tokens), but no fewer programs
     than two per SM, so a small batch still spreads over the GPU. The interpreter gets 2
     so that odd token counts cross a tile border in the CPU tests (every kernel takes any
     BLOCK_T). `tiles` overrides BLOCK_T or num_warps.
@@ -204,7 +209,7 @@ def token_tile(
     if interpreting() or device.type != "cuda":
         block_t = 2
     else:
-        by_size = min(max_tokens, max(1, TOKEN_TILE_ELEMENTS // head_elements))
+        by_size = min(max_tokens, max(1, tile_elements // head_elements))
         by_spread = max(1, num_tokens // (2 * num_sms(device)))
         block_t = min(triton.next_power_of_2(by_size), 1 << (by_spread.bit_length() - 1))
     unknown = set(tiles or {}) - set(TOKEN_TILE_KEYS)
