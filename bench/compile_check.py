@@ -124,8 +124,10 @@ def _variants() -> list[Variant]:
         Variant("silu_and_mul", "_silu_and_mul_kernel", dict(BLOCK=2048, **pdl), {"num_warps": 8, **on}),
         Variant("gelu_tanh", "_gelu_tanh_kernel", dict(BLOCK=2048, **pdl), {"num_warps": 8, **on}),
         Variant("rope", "_rope_kernel", rope, {"num_warps": 4, **on}),
-        Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, HAS_QK_NORM=True), {"num_warps": 4, **on},
-                "q/k norm"),
+        Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, BLOCK_HK=8, HAS_QK_NORM=True),
+                {"num_warps": 4, **on}, "q/k norm"),
+        Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, BLOCK_H=16, BLOCK_HK=4, HAS_QK_NORM=False),
+                {"num_warps": 4, **on}, "16 / 4 heads (a 2048-wide Llama)"),
         Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on},
                 multiples_of_16=("num_tokens", "head_dim", "block_size")),
     ]  # fmt: skip

@@ -105,6 +105,7 @@ def _rope_store_kv_kernel(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_HK: tl.constexpr,  # k and v heads per chunk
     BLOCK_T: tl.constexpr,
     HAS_QK_NORM: tl.constexpr,
     PDL: tl.constexpr,
@@ -127,8 +128,8 @@ def _rope_store_kv_kernel(
         tl.store(q1_ptr, out1.to(q_ptr.dtype.element_ty), mask=mask)
         tl.store(q1_ptr + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
 
-    for h0 in range(0, num_kv_heads, BLOCK_H):
-        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+    for h0 in range(0, num_kv_heads, BLOCK_HK):
+        h = (h0 + tl.arange(0, BLOCK_HK))[None, :, None]
         mask = keep & (h < num_kv_heads) & (d < HALF)
         k1_ptr = k_ptr + tok * stride_kt + h * stride_kh + d
         v1_ptr = v_ptr + tok * stride_vt + h * stride_vh + d
@@ -173,6 +174,11 @@ def rope_store_kv(
     if num_tokens == 0:
         return
     config = rope_tiles(q, k, tiles)
+    # NOTE: k and v take chunks of their own heads' width, not q's (4 lanes, not 16, at GQA 4): 54 -> 46 registers
+    # and, H100, 4096 tokens of a 2048-wide model 82.2% -> 85.4% of copy bandwidth, every other row of >= 4096
+    # tokens 0.9-3.4 points up (bench/results/h100/compiles_session23/, call 12). RoPE alone measured 0.4-0.6
+    # points down with it, so rope.py keeps q's width for k.
+    block_hk = min(triton.next_power_of_2(k.shape[1]), config["BLOCK_H"])
     q_norm, k_norm, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     _rope_store_kv_kernel[(triton.cdiv(num_tokens, config["BLOCK_T"]),)](
         q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, float(eps),
@@ -180,7 +186,7 @@ def rope_store_kv(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos_sin_cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HAS_QK_NORM=qk_norm is not None,
+        HAS_QK_NORM=qk_norm is not None, BLOCK_HK=block_hk,
         **config, **pdl_options(q.device),
     )  # fmt: skip
 
