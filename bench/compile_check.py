@@ -128,7 +128,7 @@ def _variants() -> list[Variant]:
                 {"num_warps": 4, **on}, "q/k norm"),
         Variant("rope_store_kv", "_rope_store_kv_kernel", dict(rope, BLOCK_H=16, BLOCK_HK=4, HAS_QK_NORM=False),
                 {"num_warps": 4, **on}, "16 / 4 heads (a 2048-wide Llama)"),
-        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on},
+        Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=8, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on},
                 multiples_of_16=("num_tokens", "head_dim", "block_size")),
     ]  # fmt: skip
 

@@ -164,7 +164,7 @@ class ModelRunner:
             return
         hidden = torch.zeros((1, self.model.config.hidden_size), dtype=self.spec.dtype, device=self.device)
         logits = self.model.compute_logits(hidden, widen=False)  # [1, V] as a step's logits are (rows vary freely)
-        for top_k, asks_step_0 in ((0, False), (20, True)):  # the check alone; top-k and top-p's step 0
+        for top_k, asks_step_0 in ((0, False), (min(20, logits.shape[1]), True)):  # the check alone; step 0
             params = pack_params([0.8], [top_k], [0.9], [0.0], [1], pin=True)
             packed = ops.random_sample(logits, params, rows_ask_step_0=asks_step_0)
             ops.write_to_host(packed, self._host_samples[0, :2].view(2, 1))

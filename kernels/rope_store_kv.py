@@ -25,7 +25,8 @@ q and k norms were two more such kernels per layer, each writing a new copy of q
 
 Kernel: each program takes BLOCK_T consecutive tokens: loads their positions,
 cos/sin rows and slots once, rotates their q heads in place, then rotates their k
-heads and copies their v heads into the pool, as [BLOCK_T, BLOCK_H, D/2] tiles.
+heads and copies their v heads into the pool, as [BLOCK_T, BLOCK_H, D/2] tiles of q
+and [BLOCK_T, BLOCK_HK, D/2] tiles of k and v (BLOCK_HK: k's head count, not q's).
 """
 
 from __future__ import annotations
