@@ -38,7 +38,6 @@ from engine.request import Request
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
 from engine.step_timer import StepTimer
-from kernels.random_sample import pack_params
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +151,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_up_sampling(self) -> None:
-        """Runs the sampling kernel once without and once with its top-k step (kernels/random_sample.py) and
-        writes its tokens into the pinned buffer (kernels/write_to_host.py), so that these kernels are built
-        while the engine starts, not inside the first steps it serves.
+        """The sampler's kernels (Sampler.warm_up) and the tokens' hand-back into the pinned buffer
+        (kernels/write_to_host.py), built while the engine starts, not inside the first steps it serves.
 
         NOTE: the warm-up forward and the graph capture run neither. On a fresh H100 worker (empty Triton
         cache) the first sampled steps built 9 variants, 5.1 s of compiles inside steps of every running
@@ -163,10 +161,8 @@ class ModelRunner:
         if self._host_samples is None or not ops.use_triton(torch.empty(0, device=self.device)):
             return
         hidden = torch.zeros((1, self.model.config.hidden_size), dtype=self.spec.dtype, device=self.device)
-        logits = self.model.compute_logits(hidden, widen=False)  # [1, V] as a step's logits are (rows vary freely)
-        for top_k, asks_step_0 in ((0, False), (min(20, logits.shape[1]), True)):  # the check alone; step 0
-            params = pack_params([0.8], [top_k], [0.9], [0.0], [1], pin=True)
-            packed = ops.random_sample(logits, params, rows_ask_step_0=asks_step_0)
+        logits = self.model.compute_logits(hidden, widen=False)  # [1, V] as a step's logits are
+        for packed in self.sampler.warm_up(logits):
             ops.write_to_host(packed, self._host_samples[0, :2].view(2, 1))
         torch.cuda.synchronize(self.device)
 
@@ -260,10 +256,9 @@ class ModelRunner:
         """The sampling rows' logits [S, V] in the model's dtype (LMHead widen=False: greedy and the sampling
         kernel widen each value themselves, the Sampler's torch path its rows), from the graph's LM head
         where it ran one, else from the hidden states."""
-        if out.logits is None:
-            rows = out.hidden[: step.num_seqs] if step.logits_rows is None else out.hidden[step.logits_rows]
-            return self.model.compute_logits(rows, widen=False)
-        return out.logits[: step.num_seqs] if step.logits_rows is None else out.logits[step.logits_rows]
+        if out.logits is not None:
+            return _sampling_rows(out.logits, step)
+        return self.model.compute_logits(_sampling_rows(out.hidden, step), widen=False)
 
     def _read_later(
         self, packed: torch.Tensor, requests: list[Request]
@@ -293,6 +288,11 @@ class ModelRunner:
             return ModelRunnerOutput(requests, tokens, [None] * num_rows, errors)
 
         return packed[0], read
+
+
+def _sampling_rows(rows: torch.Tensor, step: StepInputs) -> torch.Tensor:
+    """The rows of a step's hidden states or logits that sample: the first S of a decode step, else logits_rows."""
+    return rows[: step.num_seqs] if step.logits_rows is None else rows[step.logits_rows]
 
 
 def _non_finite(request: Request) -> str:

@@ -132,6 +132,19 @@ class Sampler:
         token_ids, bad, _ = self.sample(logits, requests)
         return torch.stack([token_ids, (~bad).to(torch.int64)])
 
+    def warm_up(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """Runs `sample_packed`'s kernel path once for each variant it builds (without and with top-k's step 0,
+        kernels/random_sample.py) on logits [R, V] shaped as a step's, so that an engine builds them while it
+        starts and not inside its first sampled steps. Returns their [2, R] outputs (for the caller's own
+        hand-back kernel to warm up on). Rows vary freely: the kernels take them as run-time values."""
+        num_rows = logits.shape[0]
+        outputs = []
+        for top_k, rows_ask in ((0, False), (min(20, logits.shape[1]), True)):  # the check alone; step 0
+            params = pack_params([0.8] * num_rows, [top_k] * num_rows, [0.9] * num_rows, [0.0] * num_rows,
+                                 list(range(num_rows)), pin=logits.is_cuda)  # fmt: skip
+            outputs.append(ops.random_sample(logits, params, rows_ask_step_0=rows_ask))
+        return outputs
+
     def sample(
         self, logits: torch.Tensor, requests: list[Request]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

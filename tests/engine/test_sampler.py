@@ -195,3 +195,14 @@ def test_sampling_without_logprobs_never_waits_for_the_device():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert raw is None and token_ids.tolist() == expected and not bad.any()
+
+
+def test_warm_up_runs_each_sampling_variant_and_returns_its_tokens():
+    """Sampler.warm_up (the engine's start on CUDA) runs the packed sampling path without and with top-k's step:
+    two [2, R] outputs of in-vocabulary tokens from finite rows (on CPU, the kernels' reference)."""
+    logits = torch.randn(3, 500)
+    outputs = Sampler().warm_up(logits)
+    assert len(outputs) == 2
+    for packed in outputs:
+        assert packed.shape == (2, 3) and packed.dtype == torch.int64
+        assert ((packed[0] >= 0) & (packed[0] < 500)).all() and (packed[1] == 1).all()
