@@ -104,7 +104,9 @@ class EngineConfig:
         kernels: "auto" uses the Triton kernels on CUDA and the torch references elsewhere;
             "torch" forces the references; "triton" forces the kernels (CPU only under
             TRITON_INTERPRET=1, for tests).
-        enforce_eager: disable CUDA graphs.
+        enforce_eager: disable CUDA graphs. Decode steps and small mixed steps still pad to the graphs'
+            buckets, each run once at start, so that no kernel is compiled inside a served step
+            (engine/cuda_graphs.py).
         pdl: launch the decode kernels with programmatic dependent launch on sm_90+ GPUs (each starts
             before the one before it ends; kernels/_pdl.py). Process-wide, like `kernels`; None leaves it
             as the process has it (INFERQ_PDL, default on).

@@ -23,6 +23,12 @@ greedy is then one replay from the embedding to the [2, b] tokens, without the L
 sampler's own launches and the gaps before them on the stream. Larger buckets, mixed steps and
 every other sampler take the hidden states (or the logits) and sample outside the graph.
 
+enforce_eager takes the same buckets and padding without capture (StepGraphs(capture=False) on
+CUDA): each bucket's forward runs once at start, so every kernel variant its steps take is built
+then. Unpadded, decode attention's split count (a constexpr) follows the batch size and RMSNorm's
+row tile its row count: an eager engine built 47 variants, 17 s of compiles, inside its first
+served steps on a fresh H100 worker (bench/results/h100/compiles_session23/, call 16).
+
 Legend: b = decode bucket, T_b / S_b = tokens / sequences of a mixed bucket, H = hidden size,
 V = vocabulary.
 
@@ -113,8 +119,8 @@ class StepGraphs:
         max_batch: the largest decode batch (min(max_num_seqs, max_num_batched_tokens)).
         max_mixed_tokens: the largest mixed step to graph (the step's token budget; 0 for none).
         capture: True records CUDA graphs (CUDA only). False runs the same padded forward
-            eagerly over the same static buffers: the CPU tests' way to check bucketing and
-            padding without a GPU.
+            eagerly over the same static buffers: an enforce_eager engine's steps on CUDA (see
+            `build`), and the CPU tests' way to check bucketing and padding without a GPU.
         head: hidden [b, H] -> logits [b, V] in the model's dtype; None keeps every graph at the
             hidden states.
         greedy: logits [b, V] -> [2, b] int64 (token, finite); None leaves greedy outside the graphs.
@@ -195,13 +201,15 @@ class StepGraphs:
         return GraphOutputs(hidden, logits, self.greedy(logits) if end == "tokens" else None)
 
     @torch.inference_mode()
-    def capture_all(self) -> None:
-        """Warm-up and capture every bucket (CUDA), largest first; no-op without capture."""
-        if not self.capture:
+    def build(self) -> None:
+        """Runs every bucket's forward once, largest first, and captures its graphs where `capture` (CUDA; a
+        no-op on CPU). Without capture the runs alone matter: they build every kernel variant a padded step
+        takes (an enforce_eager engine's start, so that its served steps build none)."""
+        device = self.inputs.device
+        if device.type != "cuda":
             return
         started = time.monotonic()
-        device = self.inputs.device
-        pool = torch.cuda.graph_pool_handle()
+        pool = torch.cuda.graph_pool_handle() if self.capture else None
         stream = torch.cuda.Stream(device)
         free_before = torch.cuda.mem_get_info(device)[0]
         for bucket in sorted(self._views, reverse=True):
@@ -217,6 +225,8 @@ class StepGraphs:
                 # makes per-stream buffers and handles
                 self._body(bucket, ends[-1])
             torch.cuda.synchronize(device)
+            if not self.capture:
+                continue
             for end in ends:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
@@ -225,9 +235,9 @@ class StepGraphs:
         torch.cuda.synchronize(device)
         used = free_before - torch.cuda.mem_get_info(device)[0]
         logger.info(
-            "captured %d CUDA graphs (decode batch %d..%d, mixed steps of %s tokens) in %.1fs, %.2f GiB",
-            len(self._graphs), self.sizes[0], self.max_batch, self.mixed_sizes or "no", time.monotonic() - started,
-            used / 2**30,
+            "%s decode batch %d..%d and mixed steps of %s tokens in %.1fs, %.2f GiB",
+            f"captured {len(self._graphs)} CUDA graphs of" if self.capture else "ran the eager steps (no capture) of",
+            self.sizes[0], self.max_batch, self.mixed_sizes or "no", time.monotonic() - started, used / 2**30,
         )  # fmt: skip
 
     def run(self, bucket: Bucket, greedy: bool = False) -> GraphOutputs:

@@ -94,8 +94,7 @@ class LLMEngine(OutputProcessing):
             max_num_batched_tokens=sched.max_num_batched_tokens,
             max_num_seqs=sched.max_num_seqs,
             max_model_len=self.max_model_len,
-            # NOTE: the torch-reference kernels read sequence lengths on the host, which a graph would freeze.
-            cuda_graphs=not config.enforce_eager and config.kernels != "torch",
+            step_graphs=_step_graphs(config),
         )
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
@@ -346,6 +345,15 @@ class LLMEngine(OutputProcessing):
             num_prompt_tokens_computed=self._num_prompt_computed,
             num_steps=self._num_steps,
         )
+
+
+def _step_graphs(config: EngineConfig) -> str:
+    """ModelRunner's step_graphs: captured graphs; or, for enforce_eager, the same padded steps run eagerly
+    (built at start, not inside served steps); the torch-reference kernels read sequence lengths on the
+    host, which a padded step's buffers hold only as placeholders, so they run every step at its own size."""
+    if config.kernels == "torch":
+        return "off"
+    return "eager" if config.enforce_eager else "capture"
 
 
 def _reads_history(params: SamplingParams) -> bool:

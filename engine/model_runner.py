@@ -41,6 +41,8 @@ from engine.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
 
+STEP_GRAPHS = ("capture", "eager", "off")  # ModelRunner's step_graphs
+
 
 class ModelRunner:
     """Owns the model, the KV pool, the step's input buffers, the CUDA graphs and the sampler.
@@ -56,9 +58,12 @@ class ModelRunner:
         gpu_memory_utilization: see CacheConfig.
         max_num_batched_tokens, max_num_seqs: the largest step (buffers, warm-up, graph buckets).
         max_model_len: the longest sequence (block-table width); None allows the whole pool.
-        cuda_graphs: capture CUDA graphs of decode steps and small mixed steps at start (CUDA
-            only; the caller turns it off for enforce_eager and for the torch-reference kernels,
-            which read lengths on the host).
+        step_graphs: how decode steps and small mixed steps run on CUDA (engine/cuda_graphs.py):
+            "capture" replays CUDA graphs of their buckets, captured at start; "eager" pads them to
+            the same buckets and runs them eagerly, each bucket once at start (enforce_eager: the
+            kernels its steps take are built then); "off" runs every step at its own size (the
+            torch-reference kernels, which read lengths on the host, a graph would freeze them).
+            CPU runs every step at its own size whatever this says.
     """
 
     def __init__(
@@ -73,8 +78,10 @@ class ModelRunner:
         max_num_seqs: int,
         *,
         max_model_len: int | None = None,
-        cuda_graphs: bool = False,
+        step_graphs: str = "off",
     ) -> None:
+        if step_graphs not in STEP_GRAPHS:
+            raise ValueError(f"step_graphs must be one of {STEP_GRAPHS}, got {step_graphs!r}")
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -98,17 +105,17 @@ class ModelRunner:
         self._host_samples = torch.zeros((2, 2 * max_num_seqs), dtype=torch.int64, pin_memory=True) if pin else None
         self._samples_ready = [torch.cuda.Event(), torch.cuda.Event()] if pin else []
         self._next_slot = 0
-        if cuda_graphs and device.type == "cuda":
-            self.enable_graphs(capture=True)
+        if step_graphs != "off" and device.type == "cuda":
+            self.enable_graphs(capture=step_graphs == "capture")
         if device.type == "cuda":
             self._warm_up_sampling()
 
     def enable_graphs(self, capture: bool) -> None:
-        """Pads decode steps and small mixed steps to buckets over static buffers; capture=True
-        records CUDA graphs.
+        """Pads decode steps and small mixed steps to buckets over static buffers and, on CUDA, runs each
+        bucket once now; capture=True records CUDA graphs.
 
-        capture=False (any device) runs the same padded forward eagerly: how CPU tests check
-        the bucketing and padding that the graphs rely on.
+        capture=False runs the same padded forward eagerly: an enforce_eager engine on CUDA, and how CPU
+        tests check the bucketing and padding that the graphs rely on.
         """
         self.graphs = StepGraphs(
             self._forward,
@@ -119,7 +126,7 @@ class ModelRunner:
             head=lambda hidden: self.model.compute_logits(hidden, widen=False),
             greedy=ops.greedy_sample,
         )
-        self.graphs.capture_all()
+        self.graphs.build()
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The model over one step; a captured graph replays this (the decode order's sort included)."""

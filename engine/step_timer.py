@@ -25,7 +25,8 @@ class StepTiming:
         wait_s: host time blocked waiting for the device to read the step's tokens (its one sync).
         gpu_ms: device time from the forward's launch (the batch already staged) to the last
             sampling kernel (0 on CPU).
-        num_seqs, num_tokens: the step's size; graphed: whether a CUDA graph ran it.
+        num_seqs, num_tokens: the step's size; graphed: whether it ran padded to a graph bucket (a CUDA
+            graph's replay; in an enforce_eager engine, or with capture off, that bucket's eager forward).
         context_tokens: sum of the step's sequence lengths (cached + new tokens).
     """
 

@@ -3,7 +3,8 @@
 On the CPU the padded decode path runs eagerly over the same static buffers the graphs
 read (StepGraphs with capture=False), so bucketing, padding rows (slot -1, seq_len 0) and
 the incremental block tables are checked against the unpadded engine token for token. On
-a GPU the real graphs are captured and must give the same tokens as enforce_eager.
+a GPU the real graphs are captured and must give the same tokens as eager steps at their own
+sizes; an enforce_eager engine's padded (uncaptured) steps too.
 """
 
 from __future__ import annotations
@@ -226,6 +227,14 @@ def _cuda_engine(
     )
 
 
+def _unpadded_eager_engine(model_dir: Path, **kwargs) -> LLMEngine:
+    """The reference: enforce_eager with its bucket padding switched off, every step eager at its own size."""
+    engine = _cuda_engine(model_dir, enforce_eager=True, **kwargs)
+    assert engine.runner.graphs is not None and not engine.runner.graphs.capture  # enforce_eager never captures
+    engine.runner.graphs.enabled = False
+    return engine
+
+
 @needs_gpu
 @pytest.mark.parametrize("kind", ["llama", "llama3_tied", "mistral", "qwen2", "qwen3", "gpt2"])
 def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
@@ -234,9 +243,9 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
     with_logprobs = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=0)
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     # The reference: eager and synchronous steps; the engine under test: graphs and async scheduling.
-    eager_engine = _cuda_engine(model_dir, enforce_eager=True, async_scheduling=False)
-    assert eager_engine.runner.graphs is None
+    eager_engine = _unpadded_eager_engine(model_dir, async_scheduling=False)
     eager = run_with_logprobs(eager_engine, prompts, with_logprobs, ARRIVALS)
+    assert eager_engine.runner.graphs.num_replays == 0
     del eager_engine
     engine = _cuda_engine(model_dir, enforce_eager=False)
     assert engine.runner.graphs is not None and engine.runner.graphs.capture and engine.async_scheduling
@@ -251,12 +260,32 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
 
 
 @needs_gpu
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_an_eager_engine_pads_its_steps_to_the_buckets(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
+    """enforce_eager runs decode and small mixed steps padded to the graphs' buckets, uncaptured (so that
+    their kernels are built at start: tests/engine/test_compiles_after_start.py), with the tokens of
+    steps at their own sizes."""
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(len(ARRIVALS), 49152, 3, 60, seed=12)
+    with_logprobs = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
+    reference = run_with_logprobs(_unpadded_eager_engine(model_dir), prompts, with_logprobs, ARRIVALS)
+    engine = _cuda_engine(model_dir, enforce_eager=True)
+    assert_same_outputs(run_with_logprobs(engine, prompts, with_logprobs, ARRIVALS), reference, tol=1e-4)
+    graphs = engine.runner.graphs
+    assert not graphs.capture and graphs.num_replays > 20 and graphs.num_mixed_replays > 0
+    assert graphs.num_token_replays == 0  # logprobs: every step samples outside the bucket's forward
+    sampled = run_staggered(engine, prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), ARRIVALS)
+    assert sampled == {rid: [t for t, _ in out] for rid, out in reference.items()}
+    assert graphs.num_token_replays > 0  # plain greedy: small buckets' forwards end in the greedy kernel
+
+
+@needs_gpu
 def test_seeded_sampling_is_the_same_with_graphs(tiny_ckpt: Callable[[str], Path]) -> None:
     """Random sampling goes through the full Sampler after a graph replay."""
     model_dir = tiny_ckpt("llama")
     prompts = random_prompts(5, 49152, 3, 30, seed=5)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
-    eager = run_staggered(_cuda_engine(model_dir, enforce_eager=True, async_scheduling=False), prompts, params)
+    eager = run_staggered(_unpadded_eager_engine(model_dir, async_scheduling=False), prompts, params)
     engine = _cuda_engine(model_dir, enforce_eager=False)
     assert run_staggered(engine, prompts, params) == eager
     assert engine.runner.graphs.num_logits_replays > 0  # the LM head inside small buckets' graphs
