@@ -40,7 +40,9 @@ class WorkerSettings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="Weights/activations dtype.")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     kernels: Literal["auto", "torch", "triton"] = Field("auto", description="Triton kernels or torch references.")
-    enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    enforce_eager: bool = Field(
+        False, description="Disable CUDA graphs (small steps still pad to the graph buckets, each run once at start)."
+    )
     pdl: bool | None = Field(
         None,
         description="Programmatic dependent launch of the decode kernels on sm_90+ GPUs; default: on.",
