@@ -62,7 +62,7 @@ class ModelRunner:
             "capture" replays CUDA graphs of their buckets, captured at start; "eager" pads them to
             the same buckets and runs them eagerly, each bucket once at start (enforce_eager: the
             kernels its steps take are built then); "off" runs every step at its own size (the
-            torch-reference kernels, which read lengths on the host, a graph would freeze them).
+            torch-reference kernels: they read lengths on the host, where a padded step has placeholders).
             CPU runs every step at its own size whatever this says.
     """
 
