@@ -40,13 +40,13 @@ from bench.service_processes import (
     STEM,
     Service,
     cpu_s,
-    free_port,
     read_when_written,
     start_profiler,
     stop_profiler,
     worker_cpu_split,
 )
 from bench.service_report import markdown
+from bench.service_stack import API_REDIS_MAX_CONNECTIONS, start_stack
 from bench.service_workload import (
     median_run,
     more_workloads,
@@ -60,9 +60,6 @@ from worker.window import DEFAULT_GAP_FRACTION
 
 MODEL = "Qwen3-0.6B"
 BATCH_WINDOW_MS = 1.0
-# NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
-# subscription is on the process's shared connection); a pool of redis-py's old default of 100 answered 503.
-API_REDIS_MAX_CONNECTIONS = 4 * NUM_SEQS + 64
 THROUGHPUT_GOAL, TTFT_GOAL_MS = 0.95, 5.0
 
 
@@ -205,16 +202,6 @@ def _worker_child(args: argparse.Namespace) -> None:
 # ---- phase 2: the service (this process) -----------------------------------------------------------
 def _measure_service(args, directory: Path, out: Path) -> dict:
     prompts, prompt_lens, output_lens, ttft_prompts = workloads(_vocab(directory), args.dry_run, args.num_seqs)
-    redis_server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
-    if not redis_server:
-        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
-    redis_port, api_ports = free_port(), [free_port() for _ in range(args.api_replicas)]
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    bases = [f"http://127.0.0.1:{port}" for port in api_ports]
-    base = bases[0]
-    redis_env = {}
-    if os.environ.get("INFERQ_REDIS_LIB"):  # a carried binary's libraries, for redis-server alone
-        redis_env["LD_LIBRARY_PATH"] = os.environ["INFERQ_REDIS_LIB"]
     service = Service(out)
     data_dir = tempfile.mkdtemp(prefix="inferq-bench-redis-")
     split = worker_cpu_split() if args.isolate_worker else None
@@ -222,41 +209,16 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         raise SystemExit("--isolate-worker needs at least 4 CPUs besides the worker's two cores")
     all_cpus = os.sched_getaffinity(0)
     try:
-        # As `inferq up` runs it: AOF on, fsync every second.
-        redis = service.start("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
-                                        data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-                              redis_env)  # fmt: skip
-        child = [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory)]
         flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
         if args.worker_gc_threshold0 is not None:
             flags += ["--worker-gc-threshold0", str(args.worker_gc_threshold0)]
         phases_path = out / f"{STEM}_worker_phases_tmp.json"
         phases_path.unlink(missing_ok=True)
-        if split is not None:
-            os.sched_setaffinity(0, split[0])  # the worker (and the publisher process it starts) inherit it
-        worker = service.start("worker", [*child, "--child", "worker", "--redis-url", redis_url,
-                                          "--result", str(phases_path),
-                                          "--batch-window-ms", str(args.batch_window_ms), *flags])  # fmt: skip
-        if split is not None:
-            os.sched_setaffinity(0, split[1])  # the API processes and the client processes inherit this
-            os.sched_setaffinity(redis.pid, split[1])
-        apis = [
-            service.start(
-                f"api{i}" if i else "api",
-                [sys.executable, "-m", "api"],
-                {
-                    "INFERQ_REDIS_URL": redis_url,
-                    "INFERQ_REDIS_MAX_CONNECTIONS": str(API_REDIS_MAX_CONNECTIONS),
-                    "INFERQ_HOST": "127.0.0.1",
-                    "INFERQ_PORT": str(port),
-                    "INFERQ_MAX_QUEUED_REQUESTS": str(4 * NUM_SEQS),
-                    "INFERQ_MAX_QUEUED_PROMPT_TOKENS": str(10**8),
-                },
-            )  # fmt: skip
-            for i, port in enumerate(api_ports)
-        ]
-        for api_base in bases:
-            service.wait_ready(api_base, 300)
+        stack = start_stack(service, directory, data_dir, api_replicas=args.api_replicas, split=split,
+                            worker_flags=["--result", str(phases_path), "--batch-window-ms", str(args.batch_window_ms),
+                                          *flags])  # fmt: skip
+        redis, worker, apis, bases = stack.redis, stack.worker, stack.apis, stack.bases
+        base = bases[0]
         new_tokens = shape(args.dry_run)[5]
         warm, _, warm_out = workload(_vocab(directory), 8, 16, 300, seed=3)
         run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])

@@ -28,13 +28,14 @@ def cpu_s(pid: int) -> float:
 
 
 class Service:
-    """redis-server, the worker and the API as child processes; stopped in reverse order."""
+    """redis-server, the worker and the API as child processes; stopped in reverse order. Each writes
+    its log into `out` as {stem}_{name}.log."""
 
-    def __init__(self, out: Path) -> None:
-        self.out, self.procs, self.logs = out, {}, []
+    def __init__(self, out: Path, stem: str = STEM) -> None:
+        self.out, self.stem, self.procs, self.logs = out, stem, {}, []
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        log = open(self.out / f"{STEM}_{name}.log", "wb")  # noqa: SIM115 (closed in stop)
+        log = open(self.out / f"{self.stem}_{name}.log", "wb")  # noqa: SIM115 (closed in stop)
         self.logs.append(log)
         proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
@@ -43,7 +44,7 @@ class Service:
     def check(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode} (see {STEM}_{name}.log)")
+                raise RuntimeError(f"{name} exited with code {proc.returncode} (see {self.stem}_{name}.log)")
 
     def wait_ready(self, base: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,86 @@
+"""The service under benchmark, as children of a Service (bench/service_processes.py): a private
+redis-server run as `inferq up` runs it (AOF on, fsync every second), the worker (bench/service_overhead.py's
+worker child: the offline benchmark's engine with random weights, warmed, handed to worker.loop.Worker) and
+`python -m api` replicas. Shared by bench/service_overhead.py and bench/online_latency.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.offline_throughput import NUM_SEQS
+from bench.service_processes import Service, free_port
+
+# NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
+# subscription is on the process's shared connection); a pool of redis-py's old default of 100 answered 503.
+API_REDIS_MAX_CONNECTIONS = 4 * NUM_SEQS + 64
+
+
+@dataclass
+class Stack:
+    redis: subprocess.Popen
+    worker: subprocess.Popen
+    apis: list[subprocess.Popen]
+    bases: list[str]  # the API replicas' base URLs
+
+
+def redis_server_binary() -> str:
+    server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
+    if not server:
+        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
+    return server
+
+
+def start_stack(
+    service: Service,
+    directory: Path,
+    data_dir: str,
+    *,
+    api_replicas: int,
+    worker_flags: list[str],
+    split: tuple[set[int], set[int]] | None = None,
+) -> Stack:
+    """Starts redis-server, the worker and the API replicas, and waits until every replica is ready.
+
+    worker_flags: more flags of the worker child (`bench.service_overhead --child worker`).
+    split: (the worker's CPUs, everyone else's) to pin them apart, or None.
+    """
+    redis_port, api_ports = free_port(), [free_port() for _ in range(api_replicas)]
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    redis_env = {}
+    if os.environ.get("INFERQ_REDIS_LIB"):  # a carried binary's libraries, for redis-server alone
+        redis_env["LD_LIBRARY_PATH"] = os.environ["INFERQ_REDIS_LIB"]
+    redis = service.start("redis", [redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
+                                    data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
+                          redis_env)  # fmt: skip
+    if split is not None:
+        os.sched_setaffinity(0, split[0])  # the worker (and the publisher process it starts) inherit it
+    worker = service.start("worker", [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory),
+                                      "--child", "worker", "--redis-url", redis_url, *worker_flags])  # fmt: skip
+    if split is not None:
+        os.sched_setaffinity(0, split[1])  # the API processes and the client processes inherit this
+        os.sched_setaffinity(redis.pid, split[1])
+    apis = [
+        service.start(
+            f"api{i}" if i else "api",
+            [sys.executable, "-m", "api"],
+            {
+                "INFERQ_REDIS_URL": redis_url,
+                "INFERQ_REDIS_MAX_CONNECTIONS": str(API_REDIS_MAX_CONNECTIONS),
+                "INFERQ_HOST": "127.0.0.1",
+                "INFERQ_PORT": str(port),
+                "INFERQ_MAX_QUEUED_REQUESTS": str(4 * NUM_SEQS),
+                "INFERQ_MAX_QUEUED_PROMPT_TOKENS": str(10**8),
+            },
+        )  # fmt: skip
+        for i, port in enumerate(api_ports)
+    ]
+    bases = [f"http://127.0.0.1:{port}" for port in api_ports]
+    for base in bases:
+        service.wait_ready(base, 300)
+    return Stack(redis, worker, apis, bases)
