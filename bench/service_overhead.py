@@ -106,17 +106,11 @@ def _parse_args(argv=None) -> argparse.Namespace:
 
 
 def _warm_engine(engine) -> None:
-    """The warm-up of bench/offline_throughput.py: 8 short sequences (compiles the mixed-batch kernels);
-    then the start-up objects are frozen for the garbage collector, as worker/__main__.py does once its
-    engine is up (both paths alike: the worker as shipped, and the offline engine under the same rule)."""
-    import gc
-
+    """The warm-up of bench/offline_throughput.py: 8 short sequences (compiles the mixed-batch kernels)."""
     from bench.offline_throughput import run_workload
 
     warm_prompts, _, warm_outputs = workload(engine.vocab_size, 8, 16, 300, seed=1)
     run_workload(engine, warm_prompts, [min(o, 16) for o in warm_outputs])
-    gc.collect()
-    gc.freeze()
 
 
 # ---- phase 1: the offline engine (child process) -------------------------------------------------
