@@ -7,15 +7,16 @@ device memory after start, and how many sequences fit.
 
 For each model (random bf16 weights): the offline benchmark's engine (bench/offline_throughput.py's
 build_engine: gpu_memory_utilization 0.9, max_num_seqs 256, max_num_batched_tokens 8192, CUDA graphs), then
-where the GPU's memory went after start (weights, KV pool, the rest torch holds: the graphs' pool, the warm-up's
-cached blocks, buffers; and what torch does not hold: the CUDA context and libraries). Then it serves the
-offline workload (256 sequences, prompt and output lengths uniform in [100, 1024]), 64 more requests with
-seeded top-p / top-k sampling, half of them with logprobs, and the workload again at another seed, and reads
-torch's allocator counters after start and after each: device segments allocated (each a cudaMalloc), reserved
-bytes and their peak, allocation retries. "No per-request allocation after start" is 0 new segments in the
-second pass (the steady state) and a reserved peak at its start value (so the 90% budget holds). Sequences that
-fit: the pool's tokens over a sequence's tokens rounded up to whole blocks, at the workload's mean length and at
-2,048 / 8,192 tokens (the engine here caps a sequence at 2,048; the pool holds longer ones where allowed).
+where the GPU's memory went after start (weights, KV pool, the rest torch holds: the graphs' pool, the
+activation room the engine reserves at start, buffers; and what torch does not hold: the CUDA context and
+libraries). Then it serves the offline workload (256 sequences, prompt and output lengths uniform in
+[100, 1024]), 64 more requests with seeded top-p / top-k sampling, half of them with logprobs, and the
+workload again at another seed, and reads torch's allocator after start and after each stage: device segments
+allocated (each a cudaMalloc), reserved bytes and their peak, allocation retries, and which segments are new
+(pool and size). "No per-request allocation after start" is 0 new segments in every stage and a reserved peak
+at its start value (so the 90% budget holds). Sequences that fit: the pool's tokens over a sequence's tokens
+rounded up to whole blocks, at the workload's mean length and at 2,048 / 8,192 tokens (the engine here caps a
+sequence at 2,048; the pool holds longer ones where allowed).
 Writes memory_footprint.{json,md} into --out (default $OUT).
 """
 
@@ -50,12 +51,20 @@ def sequences_that_fit(pool_tokens: int, block_size: int, length: float) -> int:
 
 
 def allocator_counters(device) -> dict | None:
+    """torch's allocator counters (COUNTERS) and its device segments, {(address, bytes, pool)}, under "segments"."""
     import torch
 
     if device.type != "cuda":
         return None
     stats = torch.cuda.memory_stats(device)
-    return {name: stats.get(name, 0) for name in COUNTERS}
+    segments = {(s["address"], s["total_size"], s["segment_type"]) for s in torch.cuda.memory_snapshot()
+                if s["device"] == device.index or device.index is None}  # fmt: skip
+    return {**{name: stats.get(name, 0) for name in COUNTERS}, "segments": segments}
+
+
+def new_segments(before: dict, after: dict) -> list[str]:
+    """The segments mapped between two readings, as '<pool> <MiB>' (torch's small pool holds blocks under 1 MiB)."""
+    return [f"{pool} {size / 2**20:.1f} MiB" for _, size, pool in sorted(after["segments"] - before["segments"])]
 
 
 def _sampled_requests(engine, vocab: int, seed: int) -> None:
@@ -95,11 +104,12 @@ def measure(name: str, directory: Path, device, dry_run: bool) -> dict:
     served = allocator_counters(device)
     grown = {k: served[k] - start[k] for k in ("segment.all.allocated", "reserved_bytes.all.peak")} if start else {}
     stages = [start, after_first, after_sampled, served]
-    segments_by_stage = (
-        [b["segment.all.allocated"] - a["segment.all.allocated"] for a, b in zip(stages, stages[1:], strict=False)]
-        if start
-        else None
-    )
+    pairs = list(zip(stages, stages[1:], strict=False))
+    segments_by_stage = [b["segment.all.allocated"] - a["segment.all.allocated"] for a, b in pairs] if start else None
+    segment_sizes_by_stage = [new_segments(a, b) for a, b in pairs] if start else None
+    for counters in stages:
+        if counters is not None:
+            counters.pop("segments")
     mean_len = (sum(prompt_lens) + sum(output_lens)) / num
     result = {
         "model": name,
@@ -116,6 +126,7 @@ def measure(name: str, directory: Path, device, dry_run: bool) -> dict:
         "new_segments_while_serving": grown.get("segment.all.allocated"),
         # in the workload's first pass, the sampled requests, the second pass (seed 1)
         "new_segments_by_stage": segments_by_stage,
+        "new_segment_sizes_by_stage": segment_sizes_by_stage,
         "reserved_after_serving_bytes": served["reserved_bytes.all.current"] if served else None,
         "reserved_peak_growth_bytes": grown.get("reserved_bytes.all.peak"),
         "workload_mean_tokens": mean_len,
@@ -162,6 +173,11 @@ def markdown(results: dict) -> str:
             f"{in_use / gib:.1f} ({in_use / r['total_bytes']:.1%}) | "
             f"{r['reserved_peak_growth_bytes'] / 2**20:.0f} MiB | {fits} |"
         )
+    for r in results["models"]:
+        if r.get("new_segment_sizes_by_stage"):
+            stages = zip(("first pass", "sampled", "second pass"), r["new_segment_sizes_by_stage"], strict=True)
+            lines += ["", f"{r['model']}, segments mapped while serving: "
+                      + "; ".join(f"{stage}: {', '.join(sizes) or 'none'}" for stage, sizes in stages)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

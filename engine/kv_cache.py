@@ -54,6 +54,35 @@ def num_blocks_from_free_memory(spec: KVCacheSpec, device: torch.device, utiliza
     return num_blocks
 
 
+# torch's small pool (blocks under 1 MiB) takes 2 MiB segments: this many are kept cached at start. Serving
+# mapped 1-2 of them after the large room was reserved (H100, bench/results/h100/memory_footprint/).
+SMALL_POOL_SEGMENTS = 8
+_SMALL_BLOCK = 2**20 - 512  # two fill a small segment
+
+
+def reserve_activation_room(device: torch.device, budget_bytes: int) -> int:
+    """Brings torch's reserved memory up to `budget_bytes` (the warm-up's peak plus the pool: what the pool's
+    sizing left for the process): SMALL_POOL_SEGMENTS small segments, then one block of the rest, freed at
+    once and kept in torch's cache on the current stream, so that the activations of served steps are cut
+    from them, not mapped inside the steps. Returns the bytes of the large block (0 where the cache already
+    holds that much).
+
+    Why: capturing a CUDA graph empties torch's cache (torch.cuda.graph calls empty_cache), which gave the
+    warm-up forward's activation blocks back to the driver; the first served prefill steps then mapped new
+    device segments: Llama-3.1-8B 8 (1.16 GiB) in the offline workload's first pass and 1 more in a second
+    (H100, bench/results/h100/memory_footprint/). The reserved total stays what the sizing allowed: the
+    graphs' pool is inside torch's reserved memory, so it comes out of this room.
+    """
+    small = [torch.empty(_SMALL_BLOCK, dtype=torch.uint8, device=device) for _ in range(2 * SMALL_POOL_SEGMENTS)]
+    del small  # cached, as below
+    room = budget_bytes - torch.cuda.memory_reserved(device)
+    if room < 2**20:
+        return 0
+    block = torch.empty(room, dtype=torch.uint8, device=device)
+    del block  # back to torch's cache, not to the driver
+    return room
+
+
 def allocate_kv_cache(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> torch.Tensor:
     """Allocates the pool once and logs its size."""
     shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)

@@ -32,6 +32,7 @@ from engine.kv_cache import (
     allocate_kv_cache,
     num_blocks_for_tokens,
     num_blocks_from_free_memory,
+    reserve_activation_room,
 )
 from engine.launched_step import LaunchedStep, ModelRunnerOutput, SampledTokens, timer_hook
 from engine.request import Request
@@ -87,9 +88,11 @@ class ModelRunner:
         self.block_size = block_size
         self.sampler = Sampler()
         self.spec = KVCacheSpec(model.num_layers, model.num_kv_heads, model.head_dim, block_size, dtype)
+        warm_up_peak = None  # torch's reserved peak of the warm-up forward, where the pool is sized from it
         if num_kv_tokens is None and device.type == "cuda":
             self._warm_up(max_num_batched_tokens, max_num_seqs)
             self.num_blocks = num_blocks_from_free_memory(self.spec, device, gpu_memory_utilization)
+            warm_up_peak = torch.cuda.max_memory_reserved(device)
         else:
             self.num_blocks = num_blocks_for_tokens(num_kv_tokens or DEFAULT_CPU_KV_TOKENS, block_size)
         self.kv_cache = allocate_kv_cache(self.spec, self.num_blocks, device)
@@ -109,6 +112,9 @@ class ModelRunner:
             self.enable_graphs(capture=step_graphs == "capture")
         if device.type == "cuda":
             self._warm_up_sampling()
+        if warm_up_peak is not None:
+            kv_bytes = self.kv_cache.numel() * self.kv_cache.element_size()
+            reserve_activation_room(device, warm_up_peak + kv_bytes)
 
     def enable_graphs(self, capture: bool) -> None:
         """Pads decode steps and small mixed steps to buckets over static buffers and, on CUDA, runs each
