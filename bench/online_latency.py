@@ -75,7 +75,7 @@ def poisson_arrivals(rate: float, seconds: float, seed: int) -> list[float]:
         times.append(t)
 
 
-def load_figures(rows: list[dict], start_at: float, offered_rate: float) -> dict:
+def load_figures(rows: list[dict], start_at: float, offered_rate: float | None) -> dict:
     """One load's latency figures (ms) and rates from its request rows (bench/online_clients.py)."""
     good = [r for r in rows if r["error"] is None]
     ttft = [(r["chunks"][0] - r["sent"]) * 1000 for r in good if r["chunks"]]
@@ -119,7 +119,7 @@ def _measure(args, directory: Path, out: Path) -> dict:
         run_open_loop(stack.bases, [(0.0, p, n) for p, n in warm])
         burst = requests_of(shape["capacity_requests"], vocab, shape["prompt_lens"], shape["output_lens"], seed=10)
         rows, start_at = run_open_loop(stack.bases, [(0.0, p, n) for p, n in burst])
-        capacity = load_figures(rows, start_at, float("inf"))
+        capacity = load_figures(rows, start_at, None)  # all at once: no offered rate
         service.check()
         if capacity["errors"]:
             raise RuntimeError(f"the capacity run had errors: {capacity['error_examples']}")
