@@ -102,7 +102,6 @@ def measure(name: str, directory: Path, device, dry_run: bool) -> dict:
     more_prompts, _, more_outputs = workload(engine.vocab_size, num, lo, hi, seed=1)
     run_workload(engine, more_prompts, more_outputs)  # the steady state: new prompts of the same kind
     served = allocator_counters(device)
-    grown = {k: served[k] - start[k] for k in ("segment.all.allocated", "reserved_bytes.all.peak")} if start else {}
     stages = [start, after_first, after_sampled, served]
     pairs = list(zip(stages, stages[1:], strict=False))
     segments_by_stage = [b["segment.all.allocated"] - a["segment.all.allocated"] for a, b in pairs] if start else None
@@ -123,12 +122,14 @@ def measure(name: str, directory: Path, device, dry_run: bool) -> dict:
         "torch_reserved_at_start_bytes": start["reserved_bytes.all.current"] if start else None,
         "allocator_at_start": start,
         "allocator_after_serving": served,
-        "new_segments_while_serving": grown.get("segment.all.allocated"),
+        "new_segments_while_serving": sum(segments_by_stage) if start else None,
         # in the workload's first pass, the sampled requests, the second pass (seed 1)
         "new_segments_by_stage": segments_by_stage,
         "new_segment_sizes_by_stage": segment_sizes_by_stage,
         "reserved_after_serving_bytes": served["reserved_bytes.all.current"] if served else None,
-        "reserved_peak_growth_bytes": grown.get("reserved_bytes.all.peak"),
+        "reserved_peak_growth_bytes": served["reserved_bytes.all.peak"] - start["reserved_bytes.all.peak"]
+        if start
+        else None,
         "workload_mean_tokens": mean_len,
         "fits": {"workload_mean": sequences_that_fit(pool_tokens, block_size, mean_len),
                  **{str(n): sequences_that_fit(pool_tokens, block_size, n) for n in FIT_LENGTHS}},

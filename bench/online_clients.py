@@ -17,15 +17,9 @@ import json
 import multiprocessing
 import time
 
-from bench.service_clients import CLIENT_PROCS, SERVED_NAME
+from bench.service_clients import CLIENT_PROCS, request_body
 
 Job = tuple[float, list[int], int]  # (due, seconds after the start; prompt token ids; max_tokens)
-
-
-def request_body(prompt: list[int], max_tokens: int) -> bytes:
-    return json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                       "ignore_eos": True, "temperature": 0.0,
-                       "stream_options": {"include_usage": True}}).encode()  # fmt: skip
 
 
 def read_sse_line(line: str, row: dict, now: float) -> bool:

@@ -27,15 +27,12 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from bench.offline_throughput import MODELS
 from bench.online_clients import run_open_loop
-from bench.service_processes import Service
-from bench.service_stack import start_stack
+from bench.service_stack import running_stack
 from bench.service_workload import percentile
 
 STEM = "online_latency"
@@ -103,24 +100,22 @@ def load_figures(rows: list[dict], start_at: float, offered_rate: float | None) 
     }
 
 
-def _vocab(directory: Path) -> int:
-    return int(json.loads((directory / "config.json").read_text())["vocab_size"])
-
-
 def _measure(args, directory: Path, out: Path) -> dict:
+    # NOTE: imported here, not at the top: bench.engine_common imports torch, and the client processes (spawned)
+    # import this module again, which would then take longer than their start lead
+    from bench.engine_common import vocab_size_of
+
     shape = DRY_RUN if args.dry_run else {"prompt_lens": PROMPT_LENS, "output_lens": OUTPUT_LENS,
                                           "capacity_requests": CAPACITY_REQUESTS, "seconds": args.seconds}  # fmt: skip
-    vocab = _vocab(directory)
-    service, data_dir = Service(out, stem=STEM), tempfile.mkdtemp(prefix="inferq-bench-redis-")
-    try:
-        stack = start_stack(service, directory, data_dir, api_replicas=API_REPLICAS,
-                            worker_flags=["--dry-run"] if args.dry_run else [])  # fmt: skip
+    vocab = vocab_size_of(directory)
+    worker_flags = ["--dry-run"] if args.dry_run else []
+    with running_stack(out, directory, api_replicas=API_REPLICAS, worker_flags=worker_flags, stem=STEM) as stack:
         warm = requests_of(8, vocab, shape["prompt_lens"], (4, 16), seed=3)
         run_open_loop(stack.bases, [(0.0, p, n) for p, n in warm])
         burst = requests_of(shape["capacity_requests"], vocab, shape["prompt_lens"], shape["output_lens"], seed=10)
         rows, start_at = run_open_loop(stack.bases, [(0.0, p, n) for p, n in burst])
         capacity = load_figures(rows, start_at, None)  # all at once: no offered rate
-        service.check()
+        stack.service.check()
         if capacity["errors"]:
             raise RuntimeError(f"the capacity run had errors: {capacity['error_examples']}")
         rate = capacity["completed_req_s"]
@@ -132,10 +127,7 @@ def _measure(args, directory: Path, out: Path) -> dict:
             rows, start_at = run_open_loop(stack.bases, [(t, p, n) for t, (p, n) in zip(due, jobs, strict=True)])
             loads.append({"fraction_of_capacity": fraction, **load_figures(rows, start_at, fraction * rate)})
             print(f"[online] {fraction:.0%}: {json.dumps(loads[-1])}", flush=True)
-            service.check()
-    finally:
-        service.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+            stack.service.check()
     return {"shape": shape, "capacity": capacity, "loads": loads}
 
 

@@ -25,7 +25,8 @@ def _usage_of(tail: bytes) -> dict | None:
     return None
 
 
-def _body(prompt: list[int], max_tokens: int) -> bytes:
+def request_body(prompt: list[int], max_tokens: int) -> bytes:
+    """A streaming completion of `max_tokens` tokens (ignore_eos, greedy, usage in the trailer), encoded."""
     return json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                        "ignore_eos": True, "temperature": 0.0,
                        "stream_options": {"include_usage": True}}).encode()  # fmt: skip
@@ -33,7 +34,7 @@ def _body(prompt: list[int], max_tokens: int) -> bytes:
 
 async def _stream_one(client, base: str, prompt: list[int], max_tokens: int, body: bytes | None = None) -> dict:
     """One streaming completion; `body`: the request already encoded (else it is encoded here, on the clock)."""
-    content = body if body is not None else _body(prompt, max_tokens)
+    content = body if body is not None else request_body(prompt, max_tokens)
     start, first, tail = time.perf_counter(), None, b""
     async with client.stream(
         "POST", f"{base}/v1/completions", content=content, headers={"content-type": "application/json"}
@@ -68,7 +69,7 @@ async def _clients(base: str, jobs: list[tuple[list[int], int]], start_at: float
             # to 1024 ids at the same instant is this load generator's work, done here off the clock
             # (--cold-clients puts it back on: the runs before 2026-11-24 13:00 measured that way).
             await asyncio.gather(*(client.get(f"{base}/health") for _ in jobs))
-            bodies = [_body(p, n) for p, n in jobs]
+            bodies = [request_body(p, n) for p, n in jobs]
         await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
         return await asyncio.gather(*(_stream_one(client, base, p, n, b) for (p, n), b in zip(jobs, bodies)))
 

@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +36,6 @@ from bench.offline_throughput import MAX_NUM_BATCHED_TOKENS, NUM_SEQS, workload
 from bench.service_clients import CLIENT_PROCS, SERVED_NAME, run_clients, sequential
 from bench.service_processes import (
     STEM,
-    Service,
     cpu_s,
     read_when_written,
     start_profiler,
@@ -46,7 +43,7 @@ from bench.service_processes import (
     worker_cpu_split,
 )
 from bench.service_report import markdown
-from bench.service_stack import API_REDIS_MAX_CONNECTIONS, start_stack
+from bench.service_stack import API_REDIS_MAX_CONNECTIONS, running_stack
 from bench.service_workload import (
     median_run,
     more_workloads,
@@ -195,51 +192,50 @@ def _worker_child(args: argparse.Namespace) -> None:
 
 # ---- phase 2: the service (this process) -----------------------------------------------------------
 def _measure_service(args, directory: Path, out: Path) -> dict:
-    prompts, prompt_lens, output_lens, ttft_prompts = workloads(_vocab(directory), args.dry_run, args.num_seqs)
-    service = Service(out)
-    data_dir = tempfile.mkdtemp(prefix="inferq-bench-redis-")
+    # NOTE: imported here, not at the top: bench.engine_common imports torch, and the client processes (spawned)
+    # import this module again, which would then take longer than their start lead
+    from bench.engine_common import vocab_size_of
+
+    prompts, prompt_lens, output_lens, ttft_prompts = workloads(vocab_size_of(directory), args.dry_run, args.num_seqs)
     split = worker_cpu_split() if args.isolate_worker else None
     if args.isolate_worker and split is None:
         raise SystemExit("--isolate-worker needs at least 4 CPUs besides the worker's two cores")
     all_cpus = os.sched_getaffinity(0)
+    flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
+    if args.worker_gc_threshold0 is not None:
+        flags += ["--worker-gc-threshold0", str(args.worker_gc_threshold0)]
+    phases_path = out / f"{STEM}_worker_phases_tmp.json"
+    phases_path.unlink(missing_ok=True)
+    worker_flags = ["--result", str(phases_path), "--batch-window-ms", str(args.batch_window_ms), *flags]
     try:
-        flags = (["--dry-run"] if args.dry_run else []) + (["--num-seqs", str(args.num_seqs)] if args.num_seqs else [])
-        if args.worker_gc_threshold0 is not None:
-            flags += ["--worker-gc-threshold0", str(args.worker_gc_threshold0)]
-        phases_path = out / f"{STEM}_worker_phases_tmp.json"
-        phases_path.unlink(missing_ok=True)
-        stack = start_stack(service, directory, data_dir, api_replicas=args.api_replicas, split=split,
-                            worker_flags=["--result", str(phases_path), "--batch-window-ms", str(args.batch_window_ms),
-                                          *flags])  # fmt: skip
-        redis, worker, apis, bases = stack.redis, stack.worker, stack.apis, stack.bases
-        base = bases[0]
-        new_tokens = shape(args.dry_run)[5]
-        warm, _, warm_out = workload(_vocab(directory), 8, 16, 300, seed=3)
-        run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])
-        sequential(base, ttft_prompts[:3], new_tokens)
-        ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
-        pids = {"api": [a.pid for a in apis], "worker": [worker.pid], "redis": [redis.pid]}
-        cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
-        profiler = start_profiler(worker.pid, out)
-        worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
-        jobs = list(zip(prompts, output_lens, strict=True))
-        rows, client_cpu, elapsed = run_clients(bases, jobs, not args.cold_clients)
-        cpu = {name: sum(map(cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
-        worker.send_signal(signal.SIGUSR2)
-        stop_profiler(profiler)
-        worker_phases = read_when_written(phases_path, 10.0)
-        runs = [run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
-        for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
-            _vocab(directory), args.dry_run, args.num_seqs, args.repeats
-        ):
-            more_rows, _, more_elapsed = run_clients(
-                bases, list(zip(more_prompts, more_output_lens, strict=True)), not args.cold_clients
-            )
-            runs.append(run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
-        service.check()
+        with running_stack(out, directory, api_replicas=args.api_replicas, worker_flags=worker_flags,
+                           split=split) as stack:  # fmt: skip
+            base, bases, worker = stack.bases[0], stack.bases, stack.worker
+            new_tokens = shape(args.dry_run)[5]
+            warm, _, warm_out = workload(vocab_size_of(directory), 8, 16, 300, seed=3)
+            run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])
+            sequential(base, ttft_prompts[:3], new_tokens)
+            ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
+            pids = {"api": [a.pid for a in stack.apis], "worker": [worker.pid], "redis": [stack.redis.pid]}
+            cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
+            profiler = start_profiler(worker.pid, out)
+            worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
+            jobs = list(zip(prompts, output_lens, strict=True))
+            rows, client_cpu, elapsed = run_clients(bases, jobs, not args.cold_clients)
+            cpu = {name: sum(map(cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
+            worker.send_signal(signal.SIGUSR2)
+            stop_profiler(profiler)
+            worker_phases = read_when_written(phases_path, 10.0)
+            runs = [run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
+            for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
+                vocab_size_of(directory), args.dry_run, args.num_seqs, args.repeats
+            ):
+                more_rows, _, more_elapsed = run_clients(
+                    bases, list(zip(more_prompts, more_output_lens, strict=True)), not args.cold_clients
+                )
+                runs.append(run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
+            stack.service.check()
     finally:
-        service.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
         os.sched_setaffinity(0, all_cpus)
     loaded_ttft = [(r["first"] - r["start"]) * 1000 for r in rows]
     median = median_run(runs)
@@ -285,10 +281,6 @@ def _timeline(rows: list[dict], phases: dict | None) -> dict | None:
         "last_step": phases["last_step_at"] - t0,
         "last_end": max(r["end"] for r in rows) - t0,
     }
-
-
-def _vocab(directory: Path) -> int:
-    return int(json.loads((directory / "config.json").read_text())["vocab_size"])
 
 
 def _result(args, offline: dict, service: dict, directory: Path) -> dict:

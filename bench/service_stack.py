@@ -6,15 +6,18 @@ worker child: the offline benchmark's engine with random weights, warmed, handed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.offline_throughput import NUM_SEQS
-from bench.service_processes import Service, free_port
+from bench.service_processes import STEM, Service, free_port
 
 # NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
 # subscription is on the process's shared connection); a pool of redis-py's old default of 100 answered 503.
@@ -23,6 +26,7 @@ API_REDIS_MAX_CONNECTIONS = 4 * NUM_SEQS + 64
 
 @dataclass
 class Stack:
+    service: Service  # check() raises if one of them exited
     redis: subprocess.Popen
     worker: subprocess.Popen
     apis: list[subprocess.Popen]
@@ -36,20 +40,38 @@ def redis_server_binary() -> str:
     return server
 
 
-def start_stack(
-    service: Service,
+@contextlib.contextmanager
+def running_stack(
+    out: Path,
     directory: Path,
-    data_dir: str,
     *,
     api_replicas: int,
     worker_flags: list[str],
     split: tuple[set[int], set[int]] | None = None,
-) -> Stack:
-    """Starts redis-server, the worker and the API replicas, and waits until every replica is ready.
+    stem: str = STEM,
+) -> Iterator[Stack]:
+    """Starts redis-server (its data in a temporary folder), the worker and the API replicas, waits until every
+    replica is ready, and stops them all and removes the folder on the way out. Logs: out/{stem}_{name}.log.
 
     worker_flags: more flags of the worker child (`bench.service_overhead --child worker`).
     split: (the worker's CPUs, everyone else's) to pin them apart, or None.
     """
+    service, data_dir = Service(out, stem=stem), tempfile.mkdtemp(prefix="inferq-bench-redis-")
+    try:
+        yield _start(service, directory, data_dir, api_replicas, worker_flags, split)
+    finally:
+        service.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _start(
+    service: Service,
+    directory: Path,
+    data_dir: str,
+    api_replicas: int,
+    worker_flags: list[str],
+    split: tuple[set[int], set[int]] | None,
+) -> Stack:
     redis_port, api_ports = free_port(), [free_port() for _ in range(api_replicas)]
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     redis_env = {}
@@ -83,4 +105,4 @@ def start_stack(
     bases = [f"http://127.0.0.1:{port}" for port in api_ports]
     for base in bases:
         service.wait_ready(base, 300)
-    return Stack(redis, worker, apis, bases)
+    return Stack(service, redis, worker, apis, bases)

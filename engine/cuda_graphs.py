@@ -210,7 +210,8 @@ class StepGraphs:
             return
         started = time.monotonic()
         pool = torch.cuda.graph_pool_handle() if self.capture else None
-        stream = torch.cuda.Stream(device)
+        # Without capture the runs stay on the steps' own stream, whose cache then holds their blocks.
+        stream = torch.cuda.Stream(device) if self.capture else torch.cuda.current_stream(device)
         free_before = torch.cuda.mem_get_info(device)[0]
         for bucket in sorted(self._views, reverse=True):
             num_tokens, num_seqs = bucket

@@ -60,12 +60,11 @@ SMALL_POOL_SEGMENTS = 8
 _SMALL_BLOCK = 2**20 - 512  # two fill a small segment
 
 
-def reserve_activation_room(device: torch.device, budget_bytes: int) -> int:
+def reserve_activation_room(device: torch.device, budget_bytes: int) -> None:
     """Brings torch's reserved memory up to `budget_bytes` (the warm-up's peak plus the pool: what the pool's
     sizing left for the process): SMALL_POOL_SEGMENTS small segments, then one block of the rest, freed at
     once and kept in torch's cache on the current stream, so that the activations of served steps are cut
-    from them, not mapped inside the steps. Returns the bytes of the large block (0 where the cache already
-    holds that much).
+    from them, not mapped inside the steps.
 
     Why: capturing a CUDA graph empties torch's cache (torch.cuda.graph calls empty_cache), which gave the
     warm-up forward's activation blocks back to the driver; the first served prefill steps then mapped new
@@ -77,10 +76,10 @@ def reserve_activation_room(device: torch.device, budget_bytes: int) -> int:
     del small  # cached, as below
     room = budget_bytes - torch.cuda.memory_reserved(device)
     if room < 2**20:
-        return 0
+        return
     block = torch.empty(room, dtype=torch.uint8, device=device)
     del block  # back to torch's cache, not to the driver
-    return room
+    logger.info("activation room: %.2f GiB cached for the steps", room / 2**30)
 
 
 def allocate_kv_cache(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> torch.Tensor:
