@@ -184,8 +184,10 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
     typical_ms = median(step_ms)
     runner.timer = StepTimer(engine.device)
-    _run_request(engine, prompt, min(new_tokens, 128), sampling)  # per-step host / GPU split
+    timer_ends = _run_request(engine, prompt, min(new_tokens, 128), sampling)  # per-step host / GPU split
     prefill, decode, runner.timer = runner.timer.records[0], runner.timer.records[1:], None
+    # decode[i] is the step that produced token i + 1: the gap between tokens i and i + 1 is its wall time
+    timer_walls = [(b - a) * 1e3 for a, b in zip(timer_ends, timer_ends[1:])]
     ttfts = []
     for _ in range(TTFT_REPEATS):  # the prompt's first token alone: prefill, sample, read
         begin = time.perf_counter()
@@ -206,6 +208,33 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         "gpu_ms_median": median([r.gpu_ms for r in decode]),
         "graphed_steps": sum(r.graphed for r in decode),
         "timed_steps": len(decode),
+        "timer_run_long_steps": long_steps(timer_walls, [r.gpu_ms for r in decode]),
+    }
+
+
+def long_steps(walls_ms: list[float], gpus_ms: list[float]) -> dict:
+    """Steps of one run whose wall time (between two tokens reaching the caller) is over twice the run's median,
+    and how many of them also took over twice the median GPU time: a long step on the device, where the others
+    are the host's (the step's Python, the garbage collector, the OS). walls_ms[i] and gpus_ms[i] are one step's;
+    GPU times of 0 (the CPU) leave every long step to the host.
+
+    Why: the mean ms/token of some runs sits well above their median step (session 25: 12-13 of 511 steps at
+    4-5 ms, bench/results/h100/swiglu_tile_session25/); a tile change cannot be judged until that tail is
+    placed on one side."""
+    from bench.engine_common import median
+
+    if len(walls_ms) != len(gpus_ms):
+        raise ValueError(f"one GPU time a step: {len(walls_ms)} wall times, {len(gpus_ms)} GPU times")
+    if not walls_ms:
+        return {"steps": 0, "long": 0, "long_on_gpu": 0, "wall_ms_max": 0.0, "gpu_ms_max": 0.0}
+    wall_bar, gpu_bar = 2 * median(walls_ms), 2 * median(gpus_ms)
+    long = [i for i, wall in enumerate(walls_ms) if wall > wall_bar]
+    return {
+        "steps": len(walls_ms),
+        "long": len(long),
+        "long_on_gpu": sum(gpus_ms[i] > gpu_bar > 0 for i in long),
+        "wall_ms_max": max(walls_ms),
+        "gpu_ms_max": max(gpus_ms),
     }
 
 
@@ -296,7 +325,8 @@ def markdown(results: dict) -> str:
         "(load_format dummy). ms/token: wall clock of `LLMEngine.step` over the decode steps (host work included). "
         "Floor: (streamed weights + K/V read) / read bandwidth at the mean context (bench/roofline.py). "
         "'of read BW': every parameter byte per token over the read bandwidth (BENCHMARKS.md's convention). "
-        "Per step medians (a 128-token run with the step timer on): wall, GPU (CUDA events from the forward's "
+        "step ms: the median time between two tokens of the same run. Per step medians of a 128-token run with "
+        "the step timer on: GPU (CUDA events from the forward's "
         "launch, batch already staged, to the last sampling kernel) and host time before the step's one sync "
         "(in graph mode it overlaps the GPU once the replay is launched). transformers: `generate` eager, "
         f"ms/token = slope between {HF_TOKENS[0]} and {HF_TOKENS[1]} new tokens, after an untimed run of "
@@ -324,8 +354,29 @@ def markdown(results: dict) -> str:
             ],
         ),  # fmt: skip
     ]
+    parts += _long_steps_markdown(results)
     parts += profiles_markdown(results)
     return "\n".join(parts) + "\n"
+
+
+def _long_steps_markdown(results: dict) -> list[str]:
+    """A line for each run whose steps had a tail: how many steps took over twice the median, and in the step
+    timer's run whether their GPU time did too (long_steps)."""
+    lines = []
+    for name, r in results["models"].items():
+        for mode, label in MODES:
+            m = r.get(mode)
+            if not m or (m["steps_over_2x_median"] == 0 and m["timer_run_long_steps"]["long"] == 0):
+                continue
+            t = m["timer_run_long_steps"]
+            lines.append(f"- {name}, {label}: {m['steps_over_2x_median']} steps over twice the median step "
+                         f"(longest {m['step_ms_max']:.2f} ms); in the step timer's run {t['long']} of {t['steps']}, "
+                         f"{t['long_on_gpu']} of them with over twice the median GPU time (longest GPU step "
+                         f"{t['gpu_ms_max']:.2f} ms)")  # fmt: skip
+    if not lines:
+        return []
+    return ["", "Steps over twice the median step time (a long GPU time too: the device's; otherwise the host's):",
+            "", *lines]  # fmt: skip
 
 
 def main(argv=None) -> dict:

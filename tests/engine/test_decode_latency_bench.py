@@ -1,0 +1,41 @@
+"""bench/decode_latency.py: placing a run's long steps on the device or the host, and a CPU dry run that
+reports it for every mode and writes it into the markdown when a run has any."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.decode_latency import long_steps, main, markdown
+
+
+def test_long_steps_count_those_whose_gpu_time_was_long_too() -> None:
+    walls = [1.0, 1.1, 1.0, 5.0, 1.0, 4.0, 1.0]
+    gpus = [0.9, 0.9, 0.9, 0.9, 0.9, 3.5, 0.9]
+    assert long_steps(walls, gpus) == {"steps": 7, "long": 2, "long_on_gpu": 1, "wall_ms_max": 5.0, "gpu_ms_max": 3.5}
+
+
+def test_without_gpu_times_every_long_step_is_the_hosts() -> None:
+    assert long_steps([1.0, 1.0, 9.0], [0.0, 0.0, 0.0])["long_on_gpu"] == 0
+    assert long_steps([], [])["long"] == 0
+
+
+def test_long_steps_need_one_gpu_time_a_step() -> None:
+    with pytest.raises(ValueError, match="one GPU time a step"):
+        long_steps([1.0, 2.0], [1.0])
+
+
+def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) -> None:
+    result = main(["--dry-run", "--skip-hf", "--models", "Llama-3.2-1B", "--out", str(tmp_path)])
+    (model,) = result["models"].values()
+    for mode in ("graphs_on", "graphs_sampling", "graphs_off"):
+        split = model[mode]["timer_run_long_steps"]
+        assert split["steps"] == model[mode]["timed_steps"]  # one wall time for each timed decode step
+        assert 0 <= split["long_on_gpu"] <= split["long"] <= split["steps"]
+    assert json.loads((tmp_path / "engine_decode_latency.json").read_text())["models"] == result["models"]
+    model["graphs_on"].update(steps_over_2x_median=12, step_ms_max=4.69)
+    model["graphs_on"]["timer_run_long_steps"].update(long=3, long_on_gpu=0, gpu_ms_max=1.01)
+    text = markdown(result)
+    assert "Llama-3.2-1B, inferq, CUDA graphs: 12 steps over twice the median step (longest 4.69 ms)" in text
+    assert "3 of 23, 0 of them with over twice the median GPU time (longest GPU step 1.01 ms)" in text
