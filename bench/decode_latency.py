@@ -366,9 +366,9 @@ def _long_steps_markdown(results: dict) -> list[str]:
     for name, r in results["models"].items():
         for mode, label in MODES:
             m = r.get(mode)
-            if not m or (m["steps_over_2x_median"] == 0 and m["timer_run_long_steps"]["long"] == 0):
+            t = (m or {}).get("timer_run_long_steps")  # None in results written before session 25
+            if not m or t is None or (m["steps_over_2x_median"] == 0 and t["long"] == 0):
                 continue
-            t = m["timer_run_long_steps"]
             lines.append(f"- {name}, {label}: {m['steps_over_2x_median']} steps over twice the median step "
                          f"(longest {m['step_ms_max']:.2f} ms); in the step timer's run {t['long']} of {t['steps']}, "
                          f"{t['long_on_gpu']} of them with over twice the median GPU time (longest GPU step "
