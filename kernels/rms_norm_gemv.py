@@ -42,7 +42,7 @@ from kernels.gemv import weight_chunk
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
-# Tiles: 8 rows a program (with SwiGLU 8 gate + 8 up rows), 512 columns a step, 4 warps. The sweep
+# Tiles: 8 rows a program, 512 columns a step, 4 warps. The sweep
 # (bench/fused_gemv_sweep.py, each shape alone) had 4 warps win every shape; the row count was chosen
 # in the engine (bench/decode_latency.py --tiles, H100 8B batch-1 step): 2 / 8 / 16 rows gave
 # 6.03 / 5.94 / 5.92 ms, although 2 rows led the sweep for the qkv shape alone (21.0 vs 21.5 us).
@@ -51,7 +51,10 @@ from kernels.silu_and_mul import silu_and_mul_ref
 # pipeline these loads itself): written in session 14 without device time to measure it in the
 # engine, so it is off until `bench/decode_latency.py --tiles PREFETCH=1/swiglu:PREFETCH=1` decides.
 TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
-SWIGLU_TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
+# With SwiGLU (hidden sizes up to 2048: Llama-3.2-1B, Qwen3-0.6B) 4 gate + 4 up rows on 2 warps: the 1B's GPU step
+# 1.020-1.021 -> 1.001-1.008 ms against 8 + 8 rows on 4 warps in the same H100 calls, 8 other tiles slower
+# (bench/results/h100/swiglu_tile_session25/; 4 rows on 1 warp 1.013, 2 rows on 1 warp 1.023).
+SWIGLU_TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 2, "num_stages": 3, "PREFETCH": 0}
 TILE_KEYS = tuple(TILES)
 
 
