@@ -43,11 +43,20 @@ def _parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def workload(vocab_size: int, num_seqs: int, min_len: int, max_len: int, seed: int = 0) -> tuple[list, list, list]:
-    """(prompts, prompt lengths, output lengths): lengths uniform in [min_len, max_len], ids uniform in the vocab."""
+def workload(
+    vocab_size: int,
+    num_seqs: int,
+    min_len: int,
+    max_len: int,
+    seed: int = 0,
+    output_range: tuple[int, int] | None = None,
+) -> tuple[list, list, list]:
+    """(prompts, prompt lengths, output lengths): lengths uniform in [min_len, max_len] (outputs in output_range
+    where given, both ends included), ids uniform in the vocab."""
     rng = np.random.default_rng(seed)
+    out_lo, out_hi = output_range or (min_len, max_len)
     prompt_lens = rng.integers(min_len, max_len + 1, num_seqs).tolist()
-    output_lens = rng.integers(min_len, max_len + 1, num_seqs).tolist()
+    output_lens = rng.integers(out_lo, out_hi + 1, num_seqs).tolist()
     prompts = [rng.integers(0, vocab_size, n).tolist() for n in prompt_lens]
     return prompts, prompt_lens, output_lens
 

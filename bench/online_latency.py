@@ -30,7 +30,7 @@ import random
 import sys
 from pathlib import Path
 
-from bench.offline_throughput import MODELS
+from bench.offline_throughput import MODELS, workload
 from bench.online_clients import run_open_loop
 from bench.service_stack import running_stack
 from bench.service_workload import percentile
@@ -53,13 +53,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
 
 
 def requests_of(count: int, vocab: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int], seed: int):
-    """count (prompt token ids, max_tokens) pairs, lengths uniform in the two ranges (inclusive)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(*prompt_lens))]
-        out.append((prompt, rng.randint(*output_lens)))
-    return out
+    """count (prompt token ids, max_tokens) pairs, lengths uniform in the two ranges (inclusive): the offline
+    workload's generator with this benchmark's ranges."""
+    prompts, _, outputs = workload(vocab, count, *prompt_lens, seed=seed, output_range=output_lens)
+    return list(zip(prompts, outputs, strict=True))
 
 
 def poisson_arrivals(rate: float, seconds: float, seed: int) -> list[float]:
