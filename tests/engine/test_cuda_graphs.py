@@ -43,6 +43,25 @@ def test_capture_sizes_are_vllm_buckets() -> None:
         capture_sizes(0)
 
 
+def test_the_engine_config_picks_how_small_steps_run() -> None:
+    """Graphs by default; enforce_eager pads to the same buckets without capture; the torch-reference kernels
+    read lengths on the host, so their steps run at their own size (engine.llm_engine._step_graphs)."""
+    from engine.llm_engine import _step_graphs
+
+    model = ModelConfig(model="unused")
+    assert _step_graphs(EngineConfig(model=model)) == "capture"
+    assert _step_graphs(EngineConfig(model=model, enforce_eager=True)) == "eager"
+    assert _step_graphs(EngineConfig(model=model, kernels="torch")) == "off"
+    assert _step_graphs(EngineConfig(model=model, kernels="torch", enforce_eager=True)) == "off"
+
+
+def test_the_runner_names_the_step_modes_it_takes() -> None:
+    from engine.model_runner import ModelRunner
+
+    with pytest.raises(ValueError, match=r"step_graphs must be one of \('capture', 'eager', 'off'\), got 'graphs'"):
+        ModelRunner(torch.nn.Identity(), torch.device("cpu"), torch.float32, 16, 64, 0.9, 64, 4, step_graphs="graphs")
+
+
 @pytest.fixture(scope="module")
 def tiny_ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny checkpoints that need no GGUF conversion where the tokenizer was carried (GPU machine)."""
