@@ -44,13 +44,16 @@ from kernels.rope_store_kv import rope_store_kv_ref
 # 4 rows of a head's first half and their 4 partners a program: the 8 rows a program of
 # rms_norm_gemv.py's default tile streams, so both launch as many programs for a qkv weight.
 TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4}
-# Where the grid has few programs an SM (kernels/gemv.py's few_programs_per_sm, its rule for its wide
-# step), 1024-column chunks with 8 warps: half of the weights then load before the PDL wait and the K
-# loop is half as long, which a program that has an SM nearly to itself needs to cover DRAM latency.
-# H100: 1B (384 programs) GPU step 1.095 -> 1.087-1.089 ms (bench/results/h100/decode_merge_session16/,
-# call 1, same call); at 8B (768 programs) the same tile cost 48 us (decode_path_session15/, call 6), so
-# the many-program grids keep TILES. All of K (2048) in one chunk at 1B: 27 us slower (session 16, call 5).
-WIDE_TILES = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 8}
+# Where the grid has few programs an SM at TILES (kernels/gemv.py's few_programs_per_sm, its rule for
+# its wide step: Llama-3.2-1B's 384 programs, Qwen2-0.5B's 144), 1024-column chunks: half of the weights
+# then load before the PDL wait and the K loop is half as long, which a program that has an SM nearly to
+# itself needs to cover DRAM latency. Since session 26 on 2 + 2 rows and 4 warps: twice the programs, 32
+# weights a thread a chunk. H100, 1B GPU step, same calls (bench/results/h100/qkv_rope_tile_session26/):
+# 4 + 4 rows on 8 warps (session 16's wide tile) 1.006-1.008 ms, on 4 warps 0.996, on 2 warps 1.006; 2 + 2
+# rows on 4 warps 0.989-0.991, on 2 warps 0.996, all of K in one chunk 0.999; 1 + 1 on 1 warp 1.006.
+# At 8B (768 programs) the 1024-column tile cost 48 us (decode_path_session15/, call 6), so the
+# many-program grids keep TILES. All of K (2048) in one chunk, 4 + 4 rows: 27 us slower (session 16).
+WIDE_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 4}
 TILE_KEYS = tuple(TILES)
 
 
