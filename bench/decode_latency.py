@@ -94,7 +94,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     if args.gemv_min_features is not None:
         ops.GEMV_MIN_FEATURES = ops.GEMV_MIN_FEATURES_PDL = args.gemv_min_features
     if args.norm_gemv_min_features is not None:
-        ops.NORM_GEMV_MIN_FEATURES = args.norm_gemv_min_features
+        ops.NORM_GEMV_MIN_FEATURES = ops.NORM_GEMV_MIN_FEATURES_PDL = args.norm_gemv_min_features
     if args.swiglu_gemv_max_features is not None:
         ops.SWIGLU_GEMV_MAX_FEATURES = args.swiglu_gemv_max_features
     if args.fused_qkv_rope is not None:

@@ -52,7 +52,8 @@ def _cpu_model() -> str:
 def _one_token_dispatch(device: torch.device) -> dict:
     from engine import ops
 
-    return {"gemv_min_features": ops.gemv_min_features(device), "norm_gemv_min_features": ops.NORM_GEMV_MIN_FEATURES,
+    return {"gemv_min_features": ops.gemv_min_features(device),
+            "norm_gemv_min_features": ops.norm_gemv_min_features(device),
             "swiglu_gemv_max_features": ops.SWIGLU_GEMV_MAX_FEATURES,
             "qkv_rope_fusion": ops.QKV_ROPE_FUSION}  # fmt: skip
 

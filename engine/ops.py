@@ -101,8 +101,13 @@ GEMV_MIN_FEATURES = 4096  # projections with both dims at least this: kernels/ge
 # ... and this where the kernels launch with PDL (kernels/_pdl.py): a Llama-3.2-1B layer's o and down projections
 # then chain with the kernels around them instead of breaking the chain as cuBLAS kernels do. H100, 1B step:
 # 1.19 ms against 1.24-1.25 ms at 4096 (and 4096 vs 2048 without PDL: 1.24 vs 1.25); decode_ab_session10.md.
-GEMV_MIN_FEATURES_PDL = 2048
+# Since session 26 down to 512 (Qwen3-0.6B, Qwen2.5-0.5B and SmolLM2-135M shapes, whose smallest dims are
+# 1024, 896 and 576): with PDL the chain of Triton kernels beat cuBLAS's separate launches there too. H100,
+# batch-1 GPU step, same call, both thresholds at 512 against 2048 (bench/results/h100/small_models_session26/):
+# Qwen3-0.6B 1.102 -> 0.799 ms, Qwen2.5-0.5B 0.902 -> 0.607 ms.
+GEMV_MIN_FEATURES_PDL = 512
 NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
+NORM_GEMV_MIN_FEATURES_PDL = 512  # ... where the kernels launch with PDL (measured with the line above)
 SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden size K is at most this
 # The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py).
 # H100, Llama-3.2-1B batch-1 GPU step, same call: 1.128 / 1.127 -> 1.106 ms (bench/results/h100/
@@ -113,6 +118,11 @@ QKV_ROPE_FUSION = True
 def gemv_min_features(device: torch.device) -> int:
     """The least weight dims that take kernels/gemv.py at one token on `device`."""
     return GEMV_MIN_FEATURES_PDL if use_pdl(device) else GEMV_MIN_FEATURES
+
+
+def norm_gemv_min_features(device: torch.device) -> int:
+    """The least weight dims whose pre-norm runs inside the projection at one token on `device`."""
+    return NORM_GEMV_MIN_FEATURES_PDL if use_pdl(device) else NORM_GEMV_MIN_FEATURES
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, min_features: int | None = None) -> bool:
@@ -160,7 +170,7 @@ def rms_norm_linear(
     -> ([T, N], [T, K]); with swiglu the projection is gate|up and its output silu(gate) * up [T, N/2].
     Without a residual the norm reads x alone and x is the residual returned.
 
-    NOTE: at one token and a weight of at least NORM_GEMV_MIN_FEATURES the norm and the residual
+    NOTE: at one token and a weight of at least norm_gemv_min_features the norm and the residual
     add run inside the projection (kernels/rms_norm_gemv.py), and the SwiGLU too up to a hidden size
     of SWIGLU_GEMV_MAX_FEATURES: two or three kernels a decoder layer fewer at batch-1 decode.
     Elsewhere these are the separate kernels (or references) of the unfused layer. Measured (H100,
@@ -171,7 +181,7 @@ def rms_norm_linear(
     91% of read bandwidth against the plain projection's 95%, more than the 1.6 us SiLU-and-mul
     kernel it saves).
     """
-    if uses_gemv(x, weight, NORM_GEMV_MIN_FEATURES):
+    if uses_gemv(x, weight, norm_gemv_min_features(x.device)):
         from kernels.rms_norm_gemv import rms_norm_gemv
 
         if not swiglu or x.shape[1] <= SWIGLU_GEMV_MAX_FEATURES:
@@ -189,7 +199,7 @@ def rms_norm_linear(
 def fuses_qkv_rope(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a layer's pre-norm, qkv projection, RoPE and KV store run as one kernel (rms_norm_qkv_rope):
     QKV_ROPE_FUSION on, and where the norm would run inside the projection (one token, a large weight)."""
-    return QKV_ROPE_FUSION and uses_gemv(x, weight, NORM_GEMV_MIN_FEATURES)
+    return QKV_ROPE_FUSION and uses_gemv(x, weight, norm_gemv_min_features(x.device))
 
 
 def rms_norm_qkv_rope(

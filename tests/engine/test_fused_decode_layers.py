@@ -3,7 +3,7 @@ and SwiGLU fused into them (engine.ops.rms_norm_linear, kernels/rms_norm_gemv.py
 projection's RoPE and KV store fused in too (engine.ops.QKV_ROPE_FUSION), against the engine on the
 torch references: the same greedy tokens.
 
-The dispatch thresholds (engine.ops.GEMV_MIN_FEATURES, NORM_GEMV_MIN_FEATURES) are lowered to the
+The dispatch thresholds (engine.ops.GEMV_MIN_FEATURES, NORM_GEMV_MIN_FEATURES, with PDL or not) are lowered to the
 tiny checkpoints' sizes, so that their projections take the path the Llama-3.1-8B shape takes. On
 the CPU the kernels run in Triton's interpreter, eagerly; on a GPU for real, through the batch-1
 CUDA graph with async scheduling.
@@ -55,6 +55,7 @@ def _one_token_kernels_everywhere(monkeypatch) -> None:
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 1)
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES_PDL", 1)  # the threshold where kernels launch with PDL
     monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES", 1)
+    monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES_PDL", 1)
     if not ON_GPU:
         # NOTE: the interpreter runs one Python loop per program: the LM head's 49152 rows would take
         # 12288 programs a step. It stays a matmul here; the decoder layers' projections do not.

@@ -28,6 +28,7 @@ BENCH_MODELS = {
     "Llama-3.1-8B": ("LlamaForCausalLM", 8_030_261_248),
     "Qwen3-0.6B": ("Qwen3ForCausalLM", 596_049_920),
     "Qwen2.5-0.5B": ("Qwen2ForCausalLM", 494_032_768),
+    "SmolLM2-135M": ("LlamaForCausalLM", 134_515_008),  # the packaged default model's shape
 }
 
 

@@ -101,6 +101,7 @@ def test_ops_rms_norm_linear_agrees_across_backends(with_residual, num_tokens, s
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES", 32)
     monkeypatch.setattr(ops, "GEMV_MIN_FEATURES_PDL", 32)  # the threshold where kernels launch with PDL
     monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES", 32)
+    monkeypatch.setattr(ops, "NORM_GEMV_MIN_FEATURES_PDL", 32)
     monkeypatch.setattr(ops, "SWIGLU_GEMV_MAX_FEATURES", 32 if swiglu == "separate" else 4096)
     swiglu = bool(swiglu)
     x = torch.randn(num_tokens, 96, device=device)
@@ -115,3 +116,20 @@ def test_ops_rms_norm_linear_agrees_across_backends(with_residual, num_tokens, s
     assert fast.shape == slow.shape == (num_tokens, 20 if swiglu else 40)
     torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fast_res, slow_res, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
+def test_small_models_take_the_one_token_kernels_only_where_they_chain_with_pdl(pdl, monkeypatch):
+    """The dispatch thresholds (engine/ops.py; measured on an H100 in session 26): with PDL, the projections of
+    the small models (smallest weight dims: Qwen3-0.6B 1024, Qwen2.5-0.5B 896, SmolLM2-135M 576) take the GEMV
+    kernels, plain and norm-fused; without PDL (no Hopper, INFERQ_PDL=0) only weights of 4096 / 2048 do."""
+    monkeypatch.setattr(ops, "use_pdl", lambda device: pdl)
+    one = torch.empty(1, 576)
+    smollm2_o_proj, smollm2_gate_up = torch.empty(576, 576), torch.empty(2 * 1536, 576)
+    llama_1b_qkv = torch.empty(3072, 2048)
+    with ops.kernel_backend("triton"):
+        assert ops.uses_gemv(one, smollm2_o_proj) is pdl
+        assert ops.uses_gemv(one, smollm2_gate_up, ops.norm_gemv_min_features(one.device)) is pdl
+        assert ops.uses_gemv(torch.empty(1, 2048), llama_1b_qkv, ops.norm_gemv_min_features(one.device))
+        assert not ops.uses_gemv(torch.empty(1, 256), torch.empty(256, 256))  # below every threshold
+        assert not ops.uses_gemv(torch.empty(2, 576), smollm2_o_proj)  # two tokens: cuBLAS
