@@ -103,8 +103,8 @@ GEMV_MIN_FEATURES = 4096  # projections with both dims at least this: kernels/ge
 # 1.19 ms against 1.24-1.25 ms at 4096 (and 4096 vs 2048 without PDL: 1.24 vs 1.25); decode_ab_session10.md.
 # Since session 26 down to 512 (Qwen3-0.6B, Qwen2.5-0.5B and SmolLM2-135M shapes, whose smallest dims are
 # 1024, 896 and 576): with PDL the chain of Triton kernels beat cuBLAS's separate launches there too. H100,
-# batch-1 GPU step, same call, both thresholds at 512 against 2048 (bench/results/h100/small_models_session26/):
-# Qwen3-0.6B 1.102 -> 0.799 ms, Qwen2.5-0.5B 0.902 -> 0.607 ms.
+# batch-1 GPU step, same calls, both thresholds at 512 against 2048 (bench/results/h100/small_models_session26/):
+# SmolLM2-135M 0.786 -> 0.427 ms, Qwen3-0.6B 1.102 -> 0.798, Qwen2.5-0.5B 0.902 -> 0.606.
 GEMV_MIN_FEATURES_PDL = 512
 NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
 NORM_GEMV_MIN_FEATURES_PDL = 512  # ... where the kernels launch with PDL (measured with the line above)
