@@ -152,8 +152,11 @@ def _engine(directory: Path, device, dry_run: bool):
     )
 
 
-def _run_request(engine, prompt: list[int], new_tokens: int, sampling: dict | None = None) -> list[float]:
-    """Runs one greedy request to the end; returns the wall-clock time each token reached the caller.
+def _run_request(
+    engine, prompt: list[int], new_tokens: int, sampling: dict | None = None, cpu_times: list[float] | None = None
+) -> list[float]:
+    """Runs one greedy request to the end; returns the wall-clock time each token reached the caller, and appends
+    this thread's CPU time (time.thread_time) at each of those moments to cpu_times where given.
 
     NOTE: with async scheduling a token comes back from the `step()` call after the one that
     launched its step, so the times are taken per token returned, not per call.
@@ -165,8 +168,11 @@ def _run_request(engine, prompt: list[int], new_tokens: int, sampling: dict | No
     arrivals = []
     while engine.has_unfinished_requests():
         outputs = engine.step()
-        now = time.perf_counter()
-        arrivals += [now for out in outputs for _ in out.new_token_ids]
+        now, cpu = time.perf_counter(), time.thread_time()
+        for out in outputs:
+            arrivals += [now] * len(out.new_token_ids)
+            if cpu_times is not None:
+                cpu_times += [cpu] * len(out.new_token_ids)
     return arrivals
 
 
@@ -178,10 +184,12 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
     if runner.graphs is not None:
         runner.graphs.enabled = graphs
     _run_request(engine, prompt, 16, sampling)  # warm-up of this mode
-    ends = _run_request(engine, prompt, new_tokens, sampling)  # timed without the step timer's events
+    cpu = []
+    ends = _run_request(engine, prompt, new_tokens, sampling, cpu)  # timed without the step timer's events
     if len(ends) < new_tokens:  # ignore_eos: only a sampler that gave up (NaN logits, say) ends it early
         raise RuntimeError(f"the request ended after {len(ends)} of {new_tokens} tokens: no timing")
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
+    step_cpu_ms = [(b - a) * 1e3 for a, b in zip(cpu, cpu[1:])]
     typical_ms = median(step_ms)
     runner.timer = StepTimer(engine.device)
     timer_ends = _run_request(engine, prompt, min(new_tokens, 128), sampling)  # per-step host / GPU split
@@ -209,6 +217,7 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         "graphed_steps": sum(r.graphed for r in decode),
         "timed_steps": len(decode),
         "timer_run_long_steps": long_steps(timer_walls, [r.gpu_ms for r in decode]),
+        "long_steps_cpu": long_steps_cpu(step_ms, step_cpu_ms),
     }
 
 
@@ -359,6 +368,32 @@ def markdown(results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
+def long_steps_cpu(walls_ms: list[float], cpus_ms: list[float]) -> dict:
+    """The long steps of one run (wall time over twice its median, as `long_steps`): their wall time, and the CPU
+    time the benchmark's thread had in them (time.thread_time), against the share of its wall time a median step
+    had on the CPU. walls_ms[i] and cpus_ms[i] are one step's.
+
+    Why: the thread runs the engine's host work and then spins in the CUDA event's synchronize until the device is
+    done, so a step's CPU time is near its wall time; a long step with little CPU time is one where the OS had the
+    thread off the CPU (preempted, or the virtual machine's CPU stolen), and one at the usual share ran slowly on
+    the CPU (session 26: long steps on one of two H100 machines, every tile alike, not GPU time)."""
+    from bench.engine_common import median
+
+    if len(walls_ms) != len(cpus_ms):
+        raise ValueError(f"one CPU time a step: {len(walls_ms)} wall times, {len(cpus_ms)} CPU times")
+    if not walls_ms:
+        return {"long": 0, "wall_ms": 0.0, "cpu_ms": 0.0, "median_step_cpu_share": 0.0}
+    bar = 2 * median(walls_ms)
+    long = [i for i, wall in enumerate(walls_ms) if wall > bar]
+    shares = [cpu / wall for cpu, wall in zip(cpus_ms, walls_ms) if wall > 0]
+    return {
+        "long": len(long),
+        "wall_ms": sum(walls_ms[i] for i in long),
+        "cpu_ms": sum(cpus_ms[i] for i in long),
+        "median_step_cpu_share": median(shares) if shares else 0.0,
+    }
+
+
 def _long_steps_markdown(results: dict) -> list[str]:
     """A line for each run whose steps had a tail: how many steps took over twice the median, and in the step
     timer's run whether their GPU time did too (long_steps)."""
@@ -369,13 +404,18 @@ def _long_steps_markdown(results: dict) -> list[str]:
             t = (m or {}).get("timer_run_long_steps")  # None in results written before session 25
             if not m or t is None or (m["steps_over_2x_median"] == 0 and t["long"] == 0):
                 continue
+            c = m.get("long_steps_cpu")  # None in results written before session 26
+            on_cpu = "" if not c or not c["long"] else (
+                f"; the benchmark thread's CPU time in them {c['cpu_ms']:.1f} of {c['wall_ms']:.1f} ms "
+                f"({c['cpu_ms'] / c['wall_ms']:.0%}; a median step {c['median_step_cpu_share']:.0%})")
             lines.append(f"- {name}, {label}: {m['steps_over_2x_median']} steps over twice the median step "
-                         f"(longest {m['step_ms_max']:.2f} ms); in the step timer's run {t['long']} of {t['steps']}, "
-                         f"{t['long_on_gpu']} of them with over twice the median GPU time (longest GPU step "
-                         f"{t['gpu_ms_max']:.2f} ms)")  # fmt: skip
+                         f"(longest {m['step_ms_max']:.2f} ms){on_cpu}; in the step timer's run {t['long']} of "
+                         f"{t['steps']}, {t['long_on_gpu']} of them with over twice the median GPU time (longest GPU "
+                         f"step {t['gpu_ms_max']:.2f} ms)")  # fmt: skip
     if not lines:
         return []
-    return ["", "Steps over twice the median step time (a long GPU time too: the device's; otherwise the host's):",
+    return ["", "Steps over twice the median step time (a long GPU time too: the device's; otherwise the host's; "
+            "little CPU time for the benchmark's thread in them: the thread was off the CPU):",
             "", *lines]  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""bench/decode_latency.py: placing a run's long steps on the device or the host, and a CPU dry run that
-reports it for every mode and writes it into the markdown when a run has any."""
+"""bench/decode_latency.py: placing a run's long steps on the device or the host (and, on the host, whether the
+benchmark's thread had the CPU in them), and a CPU dry run that reports it for every mode and writes it into the
+markdown when a run has any."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from bench.decode_latency import long_steps, main, markdown
+from bench.decode_latency import long_steps, long_steps_cpu, main, markdown
 
 
 def test_long_steps_count_those_whose_gpu_time_was_long_too() -> None:
@@ -26,6 +27,19 @@ def test_long_steps_need_one_gpu_time_a_step() -> None:
         long_steps([1.0, 2.0], [1.0])
 
 
+def test_long_steps_cpu_sums_the_threads_cpu_time_in_the_long_steps_only() -> None:
+    walls = [1.0, 1.0, 1.0, 4.0, 1.0, 3.0]
+    cpus = [1.0, 0.9, 1.0, 0.5, 1.0, 2.9]
+    split = long_steps_cpu(walls, cpus)  # shares 1, 0.9, 1, 0.125, 1, 29/30: the median (29/30 + 1) / 2
+    assert split == {"long": 2, "wall_ms": 7.0, "cpu_ms": 3.4, "median_step_cpu_share": pytest.approx(59 / 60)}
+
+
+def test_long_steps_cpu_needs_one_cpu_time_a_step() -> None:
+    with pytest.raises(ValueError, match="one CPU time a step"):
+        long_steps_cpu([1.0, 2.0], [1.0])
+    assert long_steps_cpu([], [])["long"] == 0
+
+
 def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) -> None:
     result = main(["--dry-run", "--skip-hf", "--models", "Llama-3.2-1B", "--out", str(tmp_path)])
     (model,) = result["models"].values()
@@ -33,9 +47,14 @@ def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) 
         split = model[mode]["timer_run_long_steps"]
         assert split["steps"] == model[mode]["timed_steps"]  # one wall time for each timed decode step
         assert 0 <= split["long_on_gpu"] <= split["long"] <= split["steps"]
+        on_cpu = model[mode]["long_steps_cpu"]
+        assert on_cpu["long"] == model[mode]["steps_over_2x_median"]  # the same steps, from the same run
+        assert 0 < on_cpu["median_step_cpu_share"] <= 1.05  # thread CPU time never far past the wall time
     assert json.loads((tmp_path / "engine_decode_latency.json").read_text())["models"] == result["models"]
     model["graphs_on"].update(steps_over_2x_median=12, step_ms_max=4.69)
     model["graphs_on"]["timer_run_long_steps"].update(long=3, long_on_gpu=0, gpu_ms_max=1.01)
+    model["graphs_on"]["long_steps_cpu"].update(long=12, wall_ms=40.0, cpu_ms=10.0, median_step_cpu_share=0.99)
     text = markdown(result)
     assert "Llama-3.2-1B, inferq, CUDA graphs: 12 steps over twice the median step (longest 4.69 ms)" in text
+    assert "CPU time in them 10.0 of 40.0 ms (25%; a median step 99%)" in text
     assert "3 of 23, 0 of them with over twice the median GPU time (longest GPU step 1.01 ms)" in text
