@@ -59,6 +59,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiles", default="",
                         help="tiles of kernels/rms_norm_gemv.py in the engine, e.g. 'BLOCK_N=4,num_warps=8' "
                              "(a prefix 'swiglu:' sets the SwiGLU form's; '/' separates the two)")  # fmt: skip
+    parser.add_argument("--gemv-wide-tiles", default="",
+                        help="kernels/gemv.py's WIDE_TILE in the engine (the step of grids with few programs an SM: "
+                             "the 1B's o and down projections), e.g. 'BLOCK_N=2,num_warps=4'")  # fmt: skip
     parser.add_argument("--qkv-rope-tiles", default="",
                         help="tiles of kernels/rms_norm_qkv_rope.py in the engine, e.g. 'BLOCK_K=1024,num_warps=8' "
                              "(set in both of its tiles, so every grid takes them)")  # fmt: skip
@@ -85,6 +88,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     _set_norm_gemv_tiles(args.tiles)
     _set_qkv_rope_tiles(args.qkv_rope_tiles)
+    if args.gemv_wide_tiles:
+        import kernels.gemv
+
+        _set_tiles(kernels.gemv.WIDE_TILE, args.gemv_wide_tiles, "--gemv-wide-tiles")
     if args.pdl is not None:
         from kernels._pdl import set_pdl
 

@@ -47,8 +47,6 @@ from bench.gemv_sweep import L2_BYTES, _graph_us, trial_arguments, trial_device,
 from bench.report import table  # noqa: E402
 from kernels._launch import num_sms  # noqa: E402
 from kernels._pdl import pdl_launch_dependents, pdl_wait  # noqa: E402
-from kernels.gemv import BLOCK_N as GEMV_ROWS  # noqa: E402
-from kernels.gemv import NUM_WARPS as GEMV_WARPS  # noqa: E402
 from kernels.gemv import gemv, gemv_rows, gemv_tiles, weight_chunk  # noqa: E402
 from kernels.rms_norm import fused_add_rms_norm  # noqa: E402
 from kernels.rms_norm_gemv import rms_norm_gemv  # noqa: E402
@@ -122,17 +120,17 @@ def _consumer_kernel(hg_ptr, part_ptr, w_ptr, y_ptr, num_rows, K, num_parts, str
 
 def trial_chain(a, w_o, residual, norm_weight, w_gate_up, swiglu: bool, pdl: bool, schedule: dict | None = None):
     """(out, new residual) of the trial: producer, then consumer (then SiLU-and-mul where not fused).
-    schedule: the producer's BLOCK_K and PREFETCH (default: kernels/gemv.py's for the o_proj's size)."""
+    schedule: the producer's BLOCK_K and PREFETCH over kernels/gemv.py's tile for the o_proj's size."""
     hidden = w_o.shape[0]
-    rows = GEMV_ROWS
+    tile = {**gemv_tiles(hidden, num_sms(a.device)), **(schedule or {})}  # the engine's o_proj tile at this size
+    rows, warps = tile.pop("BLOCK_N"), tile.pop("num_warps")
     num_parts = triton.cdiv(hidden, rows)
     new_res = torch.empty_like(residual)
     hg = torch.empty(1, hidden, device=a.device, dtype=torch.float32)
     parts = torch.empty(num_parts, device=a.device, dtype=torch.float32)
-    schedule = schedule or gemv_tiles(hidden, num_sms(a.device))  # the engine's o_proj schedule at this size
     _producer_kernel[(num_parts,)](a, w_o, residual, norm_weight, new_res, hg, parts, hidden, w_o.shape[1],
-                                   w_o.stride(0), BLOCK_N=rows, **schedule, PDL=pdl, launch_pdl=pdl,
-                                   num_warps=GEMV_WARPS)  # fmt: skip
+                                   w_o.stride(0), BLOCK_N=rows, **tile, PDL=pdl, launch_pdl=pdl,
+                                   num_warps=warps)  # fmt: skip
     num_rows = w_gate_up.shape[0] // 2 if swiglu else w_gate_up.shape[0]
     y = torch.empty(1, num_rows, device=a.device, dtype=a.dtype)
     _consumer_kernel[(triton.cdiv(num_rows, CONSUMER_ROWS),)](

@@ -34,9 +34,12 @@ from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 # Tiles (bench/gemv_trials.py, H100, session 14): 4 rows a program, 8 warps. 512 columns a step,
 # one chunk in flight; with few programs (at most FEW_PROGRAMS_PER_SM an SM, the 1B model's
 # 2048-row projections) 1024 columns a step and two more chunks in flight, since each SM then holds
-# too few programs to cover DRAM latency with one chunk each (1B down 13.8 -> 12.6 us).
-BLOCK_N, NUM_WARPS = 4, 8
-BLOCK_K, WIDE_BLOCK_K = 512, 1024
+# too few programs to cover DRAM latency with one chunk each (1B down 13.8 -> 12.6 us). Probed in the
+# engine in session 26 (bench/results/h100/qkv_rope_tile_session26/, calls 1, 2, 5, 10; 1B GPU step against
+# 0.989-0.990 ms): 2 or 4 warps everywhere, 8 rows, 2 rows on 4 or 2 warps or 1 row in the wide step all
+# slower or equal; 16 warps in the wide step or 4 for the LM head within the spread. Kept.
+TILE = {"BLOCK_N": 4, "BLOCK_K": 512, "PREFETCH": False, "num_warps": 8}
+WIDE_TILE = {"BLOCK_N": 4, "BLOCK_K": 1024, "PREFETCH": True, "num_warps": 8}
 FEW_PROGRAMS_PER_SM = 4
 
 
@@ -115,11 +118,9 @@ def _gemv_kernel(
 
 
 def gemv_tiles(num_out: int, sms: int) -> dict:
-    """BLOCK_K and PREFETCH for N output rows on a GPU of `sms` SMs (0: the interpreter): the wide
-    prefetching step where programs are few."""
-    if few_programs_per_sm(triton.cdiv(num_out, BLOCK_N), sms):
-        return {"BLOCK_K": WIDE_BLOCK_K, "PREFETCH": True}
-    return {"BLOCK_K": BLOCK_K, "PREFETCH": False}
+    """The tile (BLOCK_N, BLOCK_K, PREFETCH, num_warps) for N output rows on a GPU of `sms` SMs (0: the
+    interpreter): WIDE_TILE, the wide prefetching step, where TILE's grid has few programs an SM."""
+    return dict(WIDE_TILE if few_programs_per_sm(triton.cdiv(num_out, TILE["BLOCK_N"]), sms) else TILE)
 
 
 def few_programs_per_sm(programs: int, sms: int) -> bool:
@@ -139,7 +140,7 @@ def gemv(
 ) -> torch.Tensor:
     """y [1, N] = x [1, K] weight[N, K]^T (+ bias), rounded to x's dtype and stored as out_dtype (default
     x's): F.linear(x, weight, bias).to(out_dtype) without the cast's kernel (the LM head's fp32 logits).
-    tiles overrides BLOCK_K or PREFETCH (tests, sweeps)."""
+    tiles overrides entries of the tile gemv_tiles picks (tests, sweeps)."""
     check_device(_gemv_kernel, "x, weight and bias", x, weight, *([bias] if bias is not None else []))
     check_float("x", x)
     if x.dim() != 2 or x.shape[0] != 1:
@@ -161,10 +162,9 @@ def gemv(
     if out_dtype is not None and not out_dtype.is_floating_point:
         raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
     y = torch.empty(1, num_out, device=x.device, dtype=out_dtype or x.dtype)
-    _gemv_kernel[(triton.cdiv(num_out, BLOCK_N),)](
+    _gemv_kernel[(triton.cdiv(num_out, config["BLOCK_N"]),)](
         x, weight, bias if bias is not None else weight, y, num_out, num_in, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=BLOCK_N, **config,
-        num_warps=NUM_WARPS, num_stages=1, **pdl_options(x.device),
+        HAS_BIAS=bias is not None, **config, num_stages=1, **pdl_options(x.device),
     )  # fmt: skip
     return y
 

@@ -8,7 +8,7 @@ import torch
 
 from engine import ops
 from kernels._pdl import use_pdl
-from kernels.gemv import gemv, gemv_ref, gemv_tiles
+from kernels.gemv import TILE, WIDE_TILE, gemv, gemv_ref, gemv_tiles
 
 ON_GPU = torch.cuda.is_available()
 # (N out, K in): a single output, sizes off the 4-row / 512-column tiles, K below one tile
@@ -34,8 +34,9 @@ def _tolerance(dtype: torch.dtype, reference: torch.Tensor, num_in: int) -> dict
 # with two more in flight (the loads past K masked: K below one chunk, K just over one or two)
 SCHEDULES = [
     pytest.param(None, id="launcher"),
-    pytest.param({"BLOCK_K": 512, "PREFETCH": False}, id="one-in-flight"),
-    pytest.param({"BLOCK_K": 1024, "PREFETCH": True}, id="wide-prefetch"),
+    pytest.param(TILE, id="one-in-flight"),
+    pytest.param(WIDE_TILE, id="wide-prefetch"),
+    pytest.param({**WIDE_TILE, "BLOCK_N": 2, "num_warps": 4}, id="wide-2-rows"),
 ]
 
 
@@ -84,13 +85,13 @@ def test_gemv_refuses_what_it_does_not_do(device):
     with pytest.raises(ValueError, match="bias"):
         gemv(torch.randn(1, 16, device=device), weight, torch.randn(9, device=device))
     with pytest.raises(ValueError, match="tiles may set only"):
-        gemv(torch.randn(1, 16, device=device), weight, tiles={"BLOCK_N": 8})
+        gemv(torch.randn(1, 16, device=device), weight, tiles={"BLOCK_M": 8})
 
 
 def test_gemv_takes_the_wide_prefetching_step_only_where_programs_are_few():
     # an H100's 132 SMs: the 1B model's 2048-row projections (512 programs) take it, 3072 rows do not
-    assert gemv_tiles(2048, 132) == {"BLOCK_K": 1024, "PREFETCH": True}
-    assert gemv_tiles(3072, 132) == {"BLOCK_K": 512, "PREFETCH": False}
+    assert gemv_tiles(2048, 132) == WIDE_TILE and WIDE_TILE["PREFETCH"] and WIDE_TILE["BLOCK_K"] == 1024
+    assert gemv_tiles(3072, 132) == TILE and not TILE["PREFETCH"]
     assert gemv_tiles(4096, 132)["PREFETCH"] is False
     assert gemv_tiles(8, 0)["PREFETCH"] is False  # the interpreter (no SMs): the plain step
 
