@@ -223,16 +223,26 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         "gpu_ms_median": median([r.gpu_ms for r in decode]),
         "graphed_steps": sum(r.graphed for r in decode),
         "timed_steps": len(decode),
-        "timer_run_long_steps": long_steps(timer_walls, [r.gpu_ms for r in decode]),
+        "timer_run_long_steps": long_steps(
+            timer_walls, [r.gpu_ms for r in decode], [r.host_s * 1e3 for r in decode], [r.wait_s * 1e3 for r in decode]
+        ),
         "long_steps_cpu": long_steps_cpu(step_ms, step_cpu_ms),
     }
 
 
-def long_steps(walls_ms: list[float], gpus_ms: list[float]) -> dict:
+def long_steps(
+    walls_ms: list[float],
+    gpus_ms: list[float],
+    hosts_ms: list[float] | None = None,
+    waits_ms: list[float] | None = None,
+) -> dict:
     """Steps of one run whose wall time (between two tokens reaching the caller) is over twice the run's median,
     and how many of them also took over twice the median GPU time: a long step on the device, where the others
     are the host's (the step's Python, the garbage collector, the OS). walls_ms[i] and gpus_ms[i] are one step's;
-    GPU times of 0 (the CPU) leave every long step to the host.
+    GPU times of 0 (the CPU) leave every long step to the host. Where the step timer's host and wait times are
+    given (StepTiming.host_s, wait_s), the long steps' means of each: a long host time is the host's own work, a
+    long wait with a usual GPU time is device work outside the timed window (the step's staging kernel, which
+    reads pinned host memory) or a device left idle.
 
     Why: the mean ms/token of some runs sits well above their median step (session 25: 12-13 of 511 steps at
     4-5 ms, bench/results/h100/swiglu_tile_session25/); a tile change cannot be judged until that tail is
@@ -245,13 +255,19 @@ def long_steps(walls_ms: list[float], gpus_ms: list[float]) -> dict:
         return {"steps": 0, "long": 0, "long_on_gpu": 0, "wall_ms_max": 0.0, "gpu_ms_max": 0.0}
     wall_bar, gpu_bar = 2 * median(walls_ms), 2 * median(gpus_ms)
     long = [i for i, wall in enumerate(walls_ms) if wall > wall_bar]
-    return {
+    split = {
         "steps": len(walls_ms),
         "long": len(long),
         "long_on_gpu": sum(gpus_ms[i] > gpu_bar > 0 for i in long),
         "wall_ms_max": max(walls_ms),
         "gpu_ms_max": max(gpus_ms),
     }
+    for key, times in (("host_ms_long", hosts_ms), ("wait_ms_long", waits_ms)):
+        if times is not None:
+            if len(times) != len(walls_ms):
+                raise ValueError(f"one {key[:4]} time a step: {len(walls_ms)} wall times, {len(times)} {key[:4]} times")
+            split[key] = sum(times[i] for i in long) / len(long) if long else 0.0
+    return split
 
 
 def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
@@ -415,10 +431,13 @@ def _long_steps_markdown(results: dict) -> list[str]:
             on_cpu = "" if not c or not c["long"] else (
                 f"; the benchmark thread's CPU time in them {c['cpu_ms']:.1f} of {c['wall_ms']:.1f} ms "
                 f"({c['cpu_ms'] / c['wall_ms']:.0%}; a median step {c['median_step_cpu_share']:.0%})")
+            host_wait = "" if not t["long"] or "host_ms_long" not in t else (  # not in results before session 26
+                f", host / wait time {t['host_ms_long']:.2f} / {t['wait_ms_long']:.2f} ms a long step (a median "
+                f"step {m['host_ms_median']:.2f} / {m['wait_ms_median']:.2f})")
             lines.append(f"- {name}, {label}: {m['steps_over_2x_median']} steps over twice the median step "
                          f"(longest {m['step_ms_max']:.2f} ms){on_cpu}; in the step timer's run {t['long']} of "
                          f"{t['steps']}, {t['long_on_gpu']} of them with over twice the median GPU time (longest GPU "
-                         f"step {t['gpu_ms_max']:.2f} ms)")  # fmt: skip
+                         f"step {t['gpu_ms_max']:.2f} ms){host_wait}")  # fmt: skip
     if not lines:
         return []
     return ["", "Steps over twice the median step time (a long GPU time too: the device's; otherwise the host's; "

@@ -17,6 +17,19 @@ def test_long_steps_count_those_whose_gpu_time_was_long_too() -> None:
     assert long_steps(walls, gpus) == {"steps": 7, "long": 2, "long_on_gpu": 1, "wall_ms_max": 5.0, "gpu_ms_max": 3.5}
 
 
+def test_long_steps_give_the_mean_host_and_wait_time_of_the_long_steps() -> None:
+    walls = [1.0, 1.1, 1.0, 5.0, 1.0, 4.0, 1.0]
+    gpus = [0.9] * 7
+    hosts = [0.2, 0.2, 0.2, 0.3, 0.2, 3.1, 0.2]
+    waits = [0.8, 0.9, 0.8, 4.7, 0.8, 0.9, 0.8]
+    split = long_steps(walls, gpus, hosts, waits)
+    assert split["long"] == 2 and split["long_on_gpu"] == 0
+    assert split["host_ms_long"] == pytest.approx(1.7) and split["wait_ms_long"] == pytest.approx(2.8)
+    assert "host_ms_long" not in long_steps(walls, gpus)  # the main run has no step timer
+    with pytest.raises(ValueError, match="one wait time a step"):
+        long_steps(walls, gpus, hosts, waits[:-1])
+
+
 def test_without_gpu_times_every_long_step_is_the_hosts() -> None:
     assert long_steps([1.0, 1.0, 9.0], [0.0, 0.0, 0.0])["long_on_gpu"] == 0
     assert long_steps([], [])["long"] == 0
@@ -47,14 +60,19 @@ def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) 
         split = model[mode]["timer_run_long_steps"]
         assert split["steps"] == model[mode]["timed_steps"]  # one wall time for each timed decode step
         assert 0 <= split["long_on_gpu"] <= split["long"] <= split["steps"]
+        assert split["host_ms_long"] >= 0 and split["wait_ms_long"] >= 0
         on_cpu = model[mode]["long_steps_cpu"]
         assert on_cpu["long"] == model[mode]["steps_over_2x_median"]  # the same steps, from the same run
         assert 0 < on_cpu["median_step_cpu_share"] <= 1.05  # thread CPU time never far past the wall time
     assert json.loads((tmp_path / "engine_decode_latency.json").read_text())["models"] == result["models"]
     model["graphs_on"].update(steps_over_2x_median=12, step_ms_max=4.69)
-    model["graphs_on"]["timer_run_long_steps"].update(long=3, long_on_gpu=0, gpu_ms_max=1.01)
+    model["graphs_on"]["timer_run_long_steps"].update(
+        long=3, long_on_gpu=0, gpu_ms_max=1.01, host_ms_long=0.21, wait_ms_long=3.4
+    )
+    model["graphs_on"].update(host_ms_median=0.18, wait_ms_median=0.8)
     model["graphs_on"]["long_steps_cpu"].update(long=12, wall_ms=40.0, cpu_ms=10.0, median_step_cpu_share=0.99)
     text = markdown(result)
     assert "Llama-3.2-1B, inferq, CUDA graphs: 12 steps over twice the median step (longest 4.69 ms)" in text
     assert "CPU time in them 10.0 of 40.0 ms (25%; a median step 99%)" in text
+    assert "host / wait time 0.21 / 3.40 ms a long step (a median step 0.18 / 0.80)" in text
     assert "3 of 23, 0 of them with over twice the median GPU time (longest GPU step 1.01 ms)" in text
