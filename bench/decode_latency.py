@@ -185,6 +185,7 @@ def _run_request(
 
 def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sampling: dict | None = None) -> dict:
     from bench.engine_common import median
+    from bench.long_steps import long_steps, long_steps_cpu
     from engine.step_timer import StepTimer
 
     runner = engine.runner
@@ -198,6 +199,7 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
     step_cpu_ms = [(b - a) * 1e3 for a, b in zip(cpu, cpu[1:])]
     typical_ms = median(step_ms)
+    on_cpu = long_steps_cpu(step_ms, step_cpu_ms)  # the steps over twice the median, and the thread's CPU in them
     runner.timer = StepTimer(engine.device)
     timer_ends = _run_request(engine, prompt, min(new_tokens, 128), sampling)  # per-step host / GPU split
     prefill, decode, runner.timer = runner.timer.records[0], runner.timer.records[1:], None
@@ -217,7 +219,7 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         "ms_per_token": (ends[-1] - ends[0]) * 1e3 / (len(ends) - 1),
         "step_ms_median": typical_ms,
         "step_ms_max": max(step_ms),
-        "steps_over_2x_median": sum(ms > 2 * typical_ms for ms in step_ms),
+        "steps_over_2x_median": on_cpu["long"],
         "host_ms_median": median([r.host_s * 1e3 for r in decode]),
         "wait_ms_median": median([r.wait_s * 1e3 for r in decode]),
         "gpu_ms_median": median([r.gpu_ms for r in decode]),
@@ -226,48 +228,8 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         "timer_run_long_steps": long_steps(
             timer_walls, [r.gpu_ms for r in decode], [r.host_s * 1e3 for r in decode], [r.wait_s * 1e3 for r in decode]
         ),
-        "long_steps_cpu": long_steps_cpu(step_ms, step_cpu_ms),
+        "long_steps_cpu": on_cpu,
     }
-
-
-def long_steps(
-    walls_ms: list[float],
-    gpus_ms: list[float],
-    hosts_ms: list[float] | None = None,
-    waits_ms: list[float] | None = None,
-) -> dict:
-    """Steps of one run whose wall time (between two tokens reaching the caller) is over twice the run's median,
-    and how many of them also took over twice the median GPU time: a long step on the device, where the others
-    are the host's (the step's Python, the garbage collector, the OS). walls_ms[i] and gpus_ms[i] are one step's;
-    GPU times of 0 (the CPU) leave every long step to the host. Where the step timer's host and wait times are
-    given (StepTiming.host_s, wait_s), the long steps' means of each: a long host time is the host's own work, a
-    long wait with a usual GPU time is device work outside the timed window (the step's staging kernel, which
-    reads pinned host memory) or a device left idle.
-
-    Why: the mean ms/token of some runs sits well above their median step (session 25: 12-13 of 511 steps at
-    4-5 ms, bench/results/h100/swiglu_tile_session25/); a tile change cannot be judged until that tail is
-    placed on one side."""
-    from bench.engine_common import median
-
-    if len(walls_ms) != len(gpus_ms):
-        raise ValueError(f"one GPU time a step: {len(walls_ms)} wall times, {len(gpus_ms)} GPU times")
-    if not walls_ms:
-        return {"steps": 0, "long": 0, "long_on_gpu": 0, "wall_ms_max": 0.0, "gpu_ms_max": 0.0}
-    wall_bar, gpu_bar = 2 * median(walls_ms), 2 * median(gpus_ms)
-    long = [i for i, wall in enumerate(walls_ms) if wall > wall_bar]
-    split = {
-        "steps": len(walls_ms),
-        "long": len(long),
-        "long_on_gpu": sum(gpus_ms[i] > gpu_bar > 0 for i in long),
-        "wall_ms_max": max(walls_ms),
-        "gpu_ms_max": max(gpus_ms),
-    }
-    for key, times in (("host_ms_long", hosts_ms), ("wait_ms_long", waits_ms)):
-        if times is not None:
-            if len(times) != len(walls_ms):
-                raise ValueError(f"one {key[:4]} time a step: {len(walls_ms)} wall times, {len(times)} {key[:4]} times")
-            split[key] = sum(times[i] for i in long) / len(long) if long else 0.0
-    return split
 
 
 def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
@@ -332,6 +294,7 @@ GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
 
 def markdown(results: dict) -> str:
     from bench.engine_common import header
+    from bench.long_steps import long_steps_markdown
     from bench.report import table
     from bench.step_profiles import profiles_markdown
 
@@ -386,63 +349,9 @@ def markdown(results: dict) -> str:
             ],
         ),  # fmt: skip
     ]
-    parts += _long_steps_markdown(results)
+    parts += long_steps_markdown(results, MODES)
     parts += profiles_markdown(results)
     return "\n".join(parts) + "\n"
-
-
-def long_steps_cpu(walls_ms: list[float], cpus_ms: list[float]) -> dict:
-    """The long steps of one run (wall time over twice its median, as `long_steps`): their wall time, and the CPU
-    time the benchmark's thread had in them (time.thread_time), against the share of its wall time a median step
-    had on the CPU. walls_ms[i] and cpus_ms[i] are one step's.
-
-    Why: the thread runs the engine's host work and then spins in the CUDA event's synchronize until the device is
-    done, so a step's CPU time is near its wall time; a long step with little CPU time is one where the OS had the
-    thread off the CPU (preempted, or the virtual machine's CPU stolen), and one at the usual share ran slowly on
-    the CPU (session 26: long steps on one of two H100 machines, every tile alike, not GPU time)."""
-    from bench.engine_common import median
-
-    if len(walls_ms) != len(cpus_ms):
-        raise ValueError(f"one CPU time a step: {len(walls_ms)} wall times, {len(cpus_ms)} CPU times")
-    if not walls_ms:
-        return {"long": 0, "wall_ms": 0.0, "cpu_ms": 0.0, "median_step_cpu_share": 0.0}
-    bar = 2 * median(walls_ms)
-    long = [i for i, wall in enumerate(walls_ms) if wall > bar]
-    shares = [cpu / wall for cpu, wall in zip(cpus_ms, walls_ms) if wall > 0]
-    return {
-        "long": len(long),
-        "wall_ms": sum(walls_ms[i] for i in long),
-        "cpu_ms": sum(cpus_ms[i] for i in long),
-        "median_step_cpu_share": median(shares) if shares else 0.0,
-    }
-
-
-def _long_steps_markdown(results: dict) -> list[str]:
-    """A line for each run whose steps had a tail: how many steps took over twice the median, and in the step
-    timer's run whether their GPU time did too (long_steps)."""
-    lines = []
-    for name, r in results["models"].items():
-        for mode, label in MODES:
-            m = r.get(mode)
-            t = (m or {}).get("timer_run_long_steps")  # None in results written before session 25
-            if not m or t is None or (m["steps_over_2x_median"] == 0 and t["long"] == 0):
-                continue
-            c = m.get("long_steps_cpu")  # None in results written before session 26
-            on_cpu = "" if not c or not c["long"] else (
-                f"; the benchmark thread's CPU time in them {c['cpu_ms']:.1f} of {c['wall_ms']:.1f} ms "
-                f"({c['cpu_ms'] / c['wall_ms']:.0%}; a median step {c['median_step_cpu_share']:.0%})")
-            host_wait = "" if not t["long"] or "host_ms_long" not in t else (  # not in results before session 26
-                f", host / wait time {t['host_ms_long']:.2f} / {t['wait_ms_long']:.2f} ms a long step (a median "
-                f"step {m['host_ms_median']:.2f} / {m['wait_ms_median']:.2f})")
-            lines.append(f"- {name}, {label}: {m['steps_over_2x_median']} steps over twice the median step "
-                         f"(longest {m['step_ms_max']:.2f} ms){on_cpu}; in the step timer's run {t['long']} of "
-                         f"{t['steps']}, {t['long_on_gpu']} of them with over twice the median GPU time (longest GPU "
-                         f"step {t['gpu_ms_max']:.2f} ms){host_wait}")  # fmt: skip
-    if not lines:
-        return []
-    return ["", "Steps over twice the median step time (a long GPU time too: the device's; otherwise the host's; "
-            "little CPU time for the benchmark's thread in them: the thread was off the CPU):",
-            "", *lines]  # fmt: skip
 
 
 def main(argv=None) -> dict:

@@ -1,6 +1,6 @@
-"""bench/decode_latency.py: placing a run's long steps on the device or the host (and, on the host, whether the
-benchmark's thread had the CPU in them), and a CPU dry run that reports it for every mode and writes it into the
-markdown when a run has any."""
+"""bench/long_steps.py and bench/decode_latency.py: placing a run's long steps on the device or the host (and,
+on the host, whether the benchmark's thread had the CPU in them), and a CPU dry run that reports it for every mode
+and writes it into the markdown when a run has any."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from bench.decode_latency import long_steps, long_steps_cpu, main, markdown
+from bench.decode_latency import main, markdown
+from bench.long_steps import long_steps, long_steps_cpu
 
 
 def test_long_steps_count_those_whose_gpu_time_was_long_too() -> None:
