@@ -185,7 +185,7 @@ def _run_request(
 
 def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sampling: dict | None = None) -> dict:
     from bench.engine_common import median
-    from bench.long_steps import long_steps, long_steps_cpu
+    from bench.long_steps import GcPasses, long_steps, long_steps_cpu, long_steps_gc, steal_ms
     from engine.step_timer import StepTimer
 
     runner = engine.runner
@@ -193,7 +193,10 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
         runner.graphs.enabled = graphs
     _run_request(engine, prompt, 16, sampling)  # warm-up of this mode
     cpu = []
-    ends = _run_request(engine, prompt, new_tokens, sampling, cpu)  # timed without the step timer's events
+    stolen_before = steal_ms()
+    with GcPasses() as collector:
+        ends = _run_request(engine, prompt, new_tokens, sampling, cpu)  # timed without the step timer's events
+    stolen_after = steal_ms()
     if len(ends) < new_tokens:  # ignore_eos: only a sampler that gave up (NaN logits, say) ends it early
         raise RuntimeError(f"the request ended after {len(ends)} of {new_tokens} tokens: no timing")
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]  # between tokens reaching the caller
@@ -229,6 +232,8 @@ def _measure_engine(engine, prompt: list[int], new_tokens: int, graphs: bool, sa
             timer_walls, [r.gpu_ms for r in decode], [r.host_s * 1e3 for r in decode], [r.wait_s * 1e3 for r in decode]
         ),
         "long_steps_cpu": on_cpu,
+        "long_steps_gc": long_steps_gc(ends, collector.passes),
+        "steal_ms": None if stolen_before is None or stolen_after is None else stolen_after - stolen_before,
     }
 
 

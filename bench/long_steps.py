@@ -9,6 +9,10 @@ until that tail is placed.
 
 from __future__ import annotations
 
+import gc
+import os
+import time
+
 from bench.engine_common import median
 
 
@@ -77,6 +81,67 @@ def long_steps_cpu(walls_ms: list[float], cpus_ms: list[float]) -> dict:
     }
 
 
+class GcPasses:
+    """The garbage collector's passes while it is entered: (start, end, generation), perf_counter seconds.
+
+    Why: the engine's per-step Python allocates, so the collector runs every few steps (the first generation)
+    and now and then over older ones; the benchmark freezes the start-up objects (engine_common), but a pass over
+    the second generation still walks whatever survived since. A long step with a pass inside it is the
+    collector's, or partly so."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[float, float, int]] = []
+        self._started: float | None = None
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.passes.append((self._started, time.perf_counter(), info["generation"]))
+            self._started = None
+
+    def __enter__(self) -> GcPasses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+
+def steal_ms() -> float | None:
+    """The CPU time this virtual machine's hypervisor gave to others so far, summed over its CPUs (/proc/stat's
+    steal column), in ms; None where there is no /proc/stat.
+
+    Why: a guest counts a descheduled vCPU's time as its thread's own CPU time (the thread was "running"), so
+    long_steps_cpu cannot tell a step the hypervisor stole from one spent at work; the steal column can, to the
+    kernel's tick (10 ms)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    return int(fields[8]) * 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def long_steps_gc(ends: list[float], passes: list[tuple[float, float, int]]) -> dict:
+    """The long steps of one run (the wall time between tokens ends[i] and ends[i + 1], perf_counter seconds) that a
+    garbage-collector pass overlapped, the collector's time inside them, and the run's passes by generation."""
+    walls_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
+    long = long_step_indices(walls_ms)
+    with_gc, gc_ms = 0, 0.0
+    for i in long:
+        begin, end = ends[i], ends[i + 1]
+        inside = [min(b, end) - max(a, begin) for a, b, _ in passes if a < end and b > begin]
+        with_gc += bool(inside)
+        gc_ms += sum(inside) * 1e3
+    by_generation = [sum(g == k for _, _, g in passes) for k in range(3)]
+    longest = max(((b - a) * 1e3 for a, b, _ in passes), default=0.0)
+    return {"long": len(long), "long_with_gc": with_gc, "gc_ms_in_long": gc_ms, "passes": by_generation,
+            "pass_ms_max": longest}  # fmt: skip
+
+
 def long_steps_markdown(results: dict, modes: tuple[tuple[str, str], ...]) -> list[str]:
     """A line for each run (of `modes`: (result key, label)) whose steps had a tail: how many steps took over twice
     the median, the thread's CPU time in them, and in the step timer's run whether their GPU time did too."""
@@ -88,10 +153,11 @@ def long_steps_markdown(results: dict, modes: tuple[tuple[str, str], ...]) -> li
             if not m or t is None or (m["steps_over_2x_median"] == 0 and t["long"] == 0):
                 continue
             on_cpu, host_wait = _cpu_clause(m.get("long_steps_cpu")), _host_wait_clause(t, m)
+            collector = _gc_clause(m.get("long_steps_gc")) + _steal_clause(m.get("steal_ms"))
             lines.append(f"- {name}, {label}: {m['steps_over_2x_median']} steps over twice the median step "
-                         f"(longest {m['step_ms_max']:.2f} ms){on_cpu}; in the step timer's run {t['long']} of "
-                         f"{t['steps']}, {t['long_on_gpu']} of them with over twice the median GPU time (longest GPU "
-                         f"step {t['gpu_ms_max']:.2f} ms){host_wait}")  # fmt: skip
+                         f"(longest {m['step_ms_max']:.2f} ms){on_cpu}{collector}; in the step timer's run "
+                         f"{t['long']} of {t['steps']}, {t['long_on_gpu']} of them with over twice the median GPU time "
+                         f"(longest GPU step {t['gpu_ms_max']:.2f} ms){host_wait}")  # fmt: skip
     if not lines:
         return []
     return ["", "Steps over twice the median step time (a long GPU time too: the device's; otherwise the host's; "
@@ -107,6 +173,22 @@ def _cpu_clause(split: dict | None) -> str:
     share = split["cpu_ms"] / split["wall_ms"]
     return (f"; the benchmark thread's CPU time in them {split['cpu_ms']:.1f} of {split['wall_ms']:.1f} ms "
             f"({share:.0%}; a median step {split['median_step_cpu_share']:.0%})")  # fmt: skip
+
+
+def _gc_clause(split: dict | None) -> str:
+    """'; a garbage-collector pass in ...' of a long_steps_gc split ('' without long steps, and in results written
+    before session 27, which have none)."""
+    if not split or not split["long"]:
+        return ""
+    return (f"; a garbage-collector pass in {split['long_with_gc']} of them ({split['gc_ms_in_long']:.1f} ms of "
+            f"collection; the run's passes by generation {'/'.join(map(str, split['passes']))}, longest "
+            f"{split['pass_ms_max']:.2f} ms)")  # fmt: skip
+
+
+def _steal_clause(stolen: float | None) -> str:
+    """'; CPU time stolen by the hypervisor over the run ...' ('' where not measured: results written before
+    session 27, or no /proc/stat)."""
+    return "" if stolen is None else f"; CPU time stolen by the hypervisor over the run {stolen:.0f} ms (all CPUs)"
 
 
 def _host_wait_clause(timer_split: dict, mode: dict) -> str:

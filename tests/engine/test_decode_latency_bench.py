@@ -4,12 +4,13 @@ and writes it into the markdown when a run has any."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
 
 from bench.decode_latency import main, markdown
-from bench.long_steps import long_steps, long_steps_cpu
+from bench.long_steps import GcPasses, long_steps, long_steps_cpu, long_steps_gc, steal_ms
 
 
 def test_long_steps_count_those_whose_gpu_time_was_long_too() -> None:
@@ -54,6 +55,30 @@ def test_long_steps_cpu_needs_one_cpu_time_a_step() -> None:
     assert long_steps_cpu([], [])["long"] == 0
 
 
+def test_long_steps_gc_counts_the_long_steps_a_pass_overlapped_and_its_time_inside_them() -> None:
+    ends = [0.0, 0.001, 0.002, 0.006, 0.007, 0.008, 0.011, 0.012]  # steps 2 (4 ms) and 5 (3 ms) are long
+    passes = [(0.0035, 0.0045, 2), (0.0070, 0.0072, 0), (0.0105, 0.0115, 1)]  # in step 2, step 4, steps 5-6
+    split = long_steps_gc(ends, passes)
+    assert split["long"] == 2 and split["long_with_gc"] == 2
+    assert split["gc_ms_in_long"] == pytest.approx(1.0 + 0.5)  # only the part of the third pass inside step 5
+    assert split["passes"] == [1, 1, 1] and split["pass_ms_max"] == pytest.approx(1.0)
+    assert long_steps_gc(ends, [passes[1]])["long_with_gc"] == 0  # a pass in a usual step is not counted
+
+
+def test_gc_passes_records_a_collection_made_while_entered_only() -> None:
+    with GcPasses() as collector:
+        gc.collect(1)
+    gc.collect(0)
+    ((start, end, generation),) = collector.passes
+    assert generation == 1 and end >= start
+
+
+def test_steal_ms_reads_a_count_that_never_goes_back() -> None:
+    first = steal_ms()
+    assert first is not None and first >= 0  # Linux: /proc/stat has a steal column
+    assert steal_ms() >= first
+
+
 def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) -> None:
     result = main(["--dry-run", "--skip-hf", "--models", "Llama-3.2-1B", "--out", str(tmp_path)])
     (model,) = result["models"].values()
@@ -65,6 +90,9 @@ def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) 
         on_cpu = model[mode]["long_steps_cpu"]
         assert on_cpu["long"] == model[mode]["steps_over_2x_median"]  # the same steps, from the same run
         assert 0 < on_cpu["median_step_cpu_share"] <= 1.05  # thread CPU time never far past the wall time
+        collected = model[mode]["long_steps_gc"]
+        assert collected["long"] == on_cpu["long"] and 0 <= collected["long_with_gc"] <= collected["long"]
+        assert model[mode]["steal_ms"] >= 0
     assert json.loads((tmp_path / "engine_decode_latency.json").read_text())["models"] == result["models"]
     model["graphs_on"].update(steps_over_2x_median=12, step_ms_max=4.69)
     model["graphs_on"]["timer_run_long_steps"].update(
@@ -72,8 +100,13 @@ def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) 
     )
     model["graphs_on"].update(host_ms_median=0.18, wait_ms_median=0.8)
     model["graphs_on"]["long_steps_cpu"].update(long=12, wall_ms=40.0, cpu_ms=10.0, median_step_cpu_share=0.99)
+    model["graphs_on"]["long_steps_gc"].update(long=12, long_with_gc=2, gc_ms_in_long=1.5, passes=[40, 3, 1],
+                                               pass_ms_max=0.9)  # fmt: skip
+    model["graphs_on"]["steal_ms"] = 20.0
     text = markdown(result)
     assert "Llama-3.2-1B, inferq, CUDA graphs: 12 steps over twice the median step (longest 4.69 ms)" in text
     assert "CPU time in them 10.0 of 40.0 ms (25%; a median step 99%)" in text
+    assert "a garbage-collector pass in 2 of them (1.5 ms of collection; the run's passes by generation 40/3/1" in text
+    assert "stolen by the hypervisor over the run 20 ms (all CPUs)" in text
     assert "host / wait time 0.21 / 3.40 ms a long step (a median step 0.18 / 0.80)" in text
     assert "3 of 23, 0 of them with over twice the median GPU time (longest GPU step 1.01 ms)" in text
