@@ -106,6 +106,7 @@ def run_workload(engine, prompts: list[list[int]], output_lens: list[int]) -> fl
 
 def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens, output_lens, ceilings) -> dict:
     from bench.roofline import ModelCosts, decode_step_floor, workload_floor
+    from bench.step_periods import period_by_batch
     from engine.step_timer import StepTimer
 
     engine = build_engine(directory, device, dry_run)
@@ -148,6 +149,7 @@ def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens
         "runner_host_s": runner_host_s,
         "runner_wait_s": sum(r.wait_s for r in records),
         "engine_host_outside_runner_s": elapsed - runner_host_s - sum(r.wait_s for r in records),
+        "period_by_batch": period_by_batch(records),
         "costs": costs.as_dict(),
     }
     del engine

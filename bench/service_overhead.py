@@ -116,19 +116,27 @@ def _offline_child(args: argparse.Namespace) -> None:
 
     from bench.engine_common import environment
     from bench.offline_throughput import build_engine, run_workload
+    from bench.step_periods import period_by_batch
     from engine.sampling_params import SamplingParams
+    from engine.step_timer import StepTimer
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     directory = Path(args.model_dir)
     engine = build_engine(directory, device, args.dry_run)
     prompts, prompt_lens, output_lens, ttft_prompts = workloads(engine.vocab_size, args.dry_run, args.num_seqs)
     _warm_engine(engine)
+    # NOTE: timed with the step timer, as the worker child's engine is (bench/worker_phases.py) and as
+    # bench/offline_throughput.py's is: both paths pay its events, and the first run's periods compare with the
+    # worker's
+    engine.runner.timer = timer = StepTimer(engine.device)
     runs = [run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
+    periods = period_by_batch(timer.records)
     for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
         engine.vocab_size, args.dry_run, args.num_seqs, args.repeats
     ):
         elapsed = run_workload(engine, more_prompts, more_output_lens)
         runs.append(run_figures(seed, elapsed, more_prompt_lens, more_output_lens))
+    engine.runner.timer = None
     ttfts = []
     new_tokens = shape(args.dry_run)[5]
     for i, prompt in enumerate(ttft_prompts):
@@ -149,6 +157,7 @@ def _offline_child(args: argparse.Namespace) -> None:
         "runs": runs,
         "ttft_ms": ttfts,
         "kv_pool_tokens": engine.stats().num_total_blocks * engine.stats().block_size,
+        "period_by_batch": periods,
     }
     Path(args.result).write_text(json.dumps(result))
 

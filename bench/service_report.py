@@ -61,6 +61,16 @@ def _gc_text(phases: dict) -> str:
     )
 
 
+def periods_lines(offline: list[dict] | None, service: list[dict] | None) -> list[str]:
+    """Both paths' seed-0 steps by batch size (bench/step_periods.py): where the device waited for the host.
+    Results written before session 27 have neither."""
+    from bench.step_periods import period_markdown
+
+    if not offline or not service:
+        return []
+    return [*period_markdown("Offline engine", offline), "", *period_markdown("Service worker", service), ""]
+
+
 def repeats_line(r: dict) -> str:
     """The repeated runs, when there were more than one."""
     off_runs, svc_runs = r["offline"].get("runs", []), r["service"].get("runs", [])
@@ -148,4 +158,5 @@ def markdown(r: dict) -> str:
         "",
         timeline_line(svc.get("timeline_s")),
         "",
+        *periods_lines(off.get("period_by_batch"), (svc.get("worker_phases") or {}).get("period_by_batch")),
     ])  # fmt: skip

@@ -93,6 +93,8 @@ class WorkerPhases:
         self.gc_s, self.gc_count = [0.0, 0.0, 0.0], [0, 0, 0]
 
     def summary(self) -> dict:
+        from bench.step_periods import period_by_batch
+
         records = self.timer.records
         step_s = self.totals.get("engine.step", 0.0)
         runner_host = sum(r.host_s for r in records)
@@ -117,6 +119,7 @@ class WorkerPhases:
             "mean_decode_batch": (
                 sum(r.num_seqs for r in records if r.graphed) / max(1, sum(1 for r in records if r.graphed))
             ),
+            "period_by_batch": period_by_batch(records),
         }
 
     def write(self) -> None:

@@ -28,6 +28,7 @@ class StepTiming:
         num_seqs, num_tokens: the step's size; graphed: whether it ran padded to a graph bucket (a CUDA
             graph's replay; in an enforce_eager engine, or with capture off, that bucket's eager forward).
         context_tokens: sum of the step's sequence lengths (cached + new tokens).
+        started_s: time.perf_counter() when the runner began the step (benchmarks lay steps on a timeline).
     """
 
     host_s: float
@@ -37,6 +38,7 @@ class StepTiming:
     num_tokens: int
     graphed: bool
     context_tokens: int
+    started_s: float = 0.0
 
 
 class StepClock:
@@ -78,5 +80,5 @@ class StepTimer:
             clock._events[1].synchronize()  # done after the step's sync; a step that samples nothing waits here
             gpu_ms = clock._events[0].elapsed_time(clock._events[1])
         self.records.append(
-            StepTiming(clock._t1 - clock._t0, wait_s, gpu_ms, num_seqs, num_tokens, graphed, context_tokens)
+            StepTiming(clock._t1 - clock._t0, wait_s, gpu_ms, num_seqs, num_tokens, graphed, context_tokens, clock._t0)
         )

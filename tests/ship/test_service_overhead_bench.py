@@ -1,0 +1,23 @@
+"""bench/service_overhead.py's dry run on the CPU: the offline engine, then the whole service (a private
+redis-server, the worker with the tiny shape, the API, streaming clients) over the same workload; every path
+reports its figures, and both report their steps by batch size (bench/step_periods.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.service_overhead import main
+
+
+@pytest.mark.timeout(300)
+def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) -> None:
+    result = main(["--dry-run", "--out", str(tmp_path)])
+    assert result["offline"]["output_tok_s"] > 0 and result["service"]["output_tok_s"] > 0
+    offline_steps = sum(g["steps"] for g in result["offline"]["period_by_batch"])
+    service_steps = sum(g["steps"] for g in result["service"]["worker_phases"]["period_by_batch"])
+    assert offline_steps > 0 and service_steps > 0
+    assert json.loads((tmp_path / "service_overhead.json").read_text())["offline"] == result["offline"]
+    text = (tmp_path / "service_overhead.md").read_text()
+    assert "Offline engine: steps by batch size" in text and "Service worker: steps by batch size" in text
