@@ -6,7 +6,7 @@ the publisher process (worker.publisher_process._pack, the pipe's pickler).
     python -m bench.worker_events --tree /tmp/old   # an earlier tree's worker/ and engine/
 
 Each figure is the best of 5 repeats of 300 steps, in ms per step, for --outputs token outputs of one
-token each (the decode steady state). Writes worker_events.json into $OUT.
+token each (the decode steady state), and the pickled batch's size. Writes worker_events.json into $OUT.
 """
 
 from __future__ import annotations
@@ -54,13 +54,16 @@ def main(argv=None) -> dict:
     jobs = {rid: Job(rid, f"1-{i}", f"inferq:result:{rid}", f"inferq:events:{rid}", 1, 500)
             for i, rid in enumerate(ids)}  # fmt: skip
     outputs = [RequestOutput(rid, 0, [1234], " word", None, False, None, 500, 10) for rid in ids]
-    events = events_for_outputs(jobs, outputs, "worker-0")[0]
+    made = events_for_outputs(jobs, outputs, "worker-0")[0]
+    # trees before session 27 returned a list of EventWrites, later ones the step's Batch (token events in columns)
+    batch = made if isinstance(made, Batch) else Batch(events=made)
 
     result = {
         "tree": args.tree,
         "outputs": args.outputs,
         "events_ms": _best_ms(lambda: events_for_outputs(jobs, outputs, "worker-0")),
-        "pack_and_pickle_ms": _best_ms(lambda: ForkingPickler.dumps(_pack(Batch(events=events)))),
+        "pack_and_pickle_ms": _best_ms(lambda: ForkingPickler.dumps(_pack(batch))),
+        "pickled_bytes": len(ForkingPickler.dumps(_pack(batch))),
     }
     write_json(args.out, "worker_events.json", result)
     return result

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from worker.protocol import ResultEvent
 
@@ -50,15 +49,6 @@ class Job:
         seq = self.next_seq
         self.next_seq += 1
         return seq
-
-    def token_event(self, index: int, token_ids: list[int], text: str, logprobs: Any, worker: str) -> ResultEvent:
-        # NOTE: called for every running request at every step: the sequence number is taken inline
-        # and the event built positionally (seq, type, index, text, token_ids, logprobs,
-        # finish_reason, usage, error, worker), which halves its cost against keywords and take_seq().
-        self.completion_tokens[index] = self.completion_tokens.get(index, 0) + len(token_ids)
-        seq = self.next_seq
-        self.next_seq = seq + 1
-        return ResultEvent(seq, "token", index, text, list(token_ids), logprobs, None, None, None, worker)
 
     def done_event(self, index: int, finish_reason: str, num_output_tokens: int | None, worker: str) -> ResultEvent:
         """Marks choice `index` done. num_output_tokens (resumed ones included) comes from the engine."""

@@ -318,10 +318,9 @@ class Worker(IntakeLoop):
             job = self.jobs.get(parent_id(internal_id))
             if job is not None:
                 job.started = True
-        events, finished = events_for_outputs(self.jobs, outputs, self.consumer)
-        batch = Batch(events=events)
+        batch, finished = events_for_outputs(self.jobs, outputs, self.consumer)
         for job in finished:
-            last = next(e.event for e in reversed(events) if e.request_id == job.request_id)
+            last = next(e.event for e in reversed(batch.events) if e.request_id == job.request_id)
             self._finish(job, batch, last.finish_reason or "error")
         # NOTE: the step's events go to the publisher before the loop reads the replies of the step's
         # reads: packing them gives Redis that much longer to answer (the replies queue behind the

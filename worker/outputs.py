@@ -3,31 +3,59 @@
 from __future__ import annotations
 
 from worker.job import Job, logprobs_to_json
-from worker.publisher import EventWrite
+from worker.publisher import Batch, EventWrite
+from worker.token_events import TokenEvents
 
 
 def write(job: Job, event) -> EventWrite:
     return EventWrite(job.request_id, job.result_stream, job.events_channel, event)
 
 
-def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tuple[list[EventWrite], list[Job]]:
-    """Token, done and error events of one step's RequestOutputs; returns (events, jobs now complete).
+def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tuple[Batch, list[Job]]:
+    """One step's RequestOutputs as the batch of their events: token events in columns (worker/token_events.py),
+    done and error events after them; returns (batch, jobs now complete).
 
-    Output of a choice finished before a resume (skip_indices) is dropped: the engine regenerates
-    it only because it cannot resume a subset of choices.
+    Sequence numbers follow write order: every token event of the step takes its number before any done or error
+    event does (a request of n > 1 choices may finish one and stream another in one step). A token after an
+    error of its request in the step's outputs is dropped, as the error ends every choice. Output of a choice
+    finished before a resume (skip_indices) is dropped: the engine regenerates it only because it cannot resume
+    a subset of choices.
     """
-    events: list[EventWrite] = []
-    finished: list[Job] = []
-    for out in outputs:  # NOTE: every running request, every step: kept lean (no helper calls when avoidable)
+    tokens = TokenEvents(consumer)
+    ends: list = []  # finished outputs, for the done and error events after every token event
+    errored: set[str] = set()
+    # NOTE: every running request, every step: the columns are appended to inline and each job's sequence number
+    # and completion count kept inline (no helper call, no event object here)
+    rids, streams, channels, seqs = tokens.request_ids, tokens.streams, tokens.channels, tokens.seqs
+    indexes, texts, token_ids, logprobs_of = tokens.indexes, tokens.texts, tokens.token_ids, tokens.logprobs
+    for out in outputs:
         job = jobs.get(out.request_id)
         index = out.index
-        if job is None or index in job.skip_indices or index in job.done_indices:
+        if job is None or index in job.skip_indices or index in job.done_indices or out.request_id in errored:
             continue
-        if out.new_token_ids or out.new_text:
-            logprobs = None if out.new_logprobs is None else logprobs_to_json(out.new_logprobs)
-            event = job.token_event(index, out.new_token_ids, out.new_text, logprobs, consumer)
-            events.append(EventWrite(job.request_id, job.result_stream, job.events_channel, event))
-        if not out.finished:
+        new_tokens = out.new_token_ids
+        if new_tokens or out.new_text:
+            completion = job.completion_tokens
+            completion[index] = completion.get(index, 0) + len(new_tokens)
+            seq = job.next_seq
+            job.next_seq = seq + 1
+            rids.append(job.request_id)
+            streams.append(job.result_stream)
+            channels.append(job.events_channel)
+            seqs.append(seq)
+            indexes.append(index)
+            texts.append(out.new_text)
+            token_ids.append(list(new_tokens))
+            logprobs_of.append(None if out.new_logprobs is None else logprobs_to_json(out.new_logprobs))
+        if out.finished:
+            ends.append(out)
+            if out.finish_reason == "error":
+                errored.add(out.request_id)
+    events: list[EventWrite] = []
+    finished: list[Job] = []
+    for out in ends:
+        job = jobs[out.request_id]
+        if out.index in job.done_indices:  # an error of the request earlier in this step ended every choice
             continue
         if out.finish_reason == "error":  # terminal for every choice of the request
             events.append(write(job, job.error_event(out.error or "the engine failed this request", consumer)))
@@ -35,7 +63,7 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
             events.append(write(job, job.done_event(out.index, out.finish_reason, out.num_output_tokens, consumer)))
         if job.is_done:
             finished.append(job)
-    return events, finished
+    return Batch(events=events, tokens=tokens if len(tokens) else None), finished
 
 
 def abort_events(job: Job, abort_outputs: list, consumer: str) -> list[EventWrite]:

@@ -27,6 +27,7 @@ import redis
 from worker.event_script import write_events_args
 from worker.protocol import Keys, ResultEvent, encode_event_for_write, stream_id
 from worker.redis_client import CONNECTION_ERRORS, Backoff, is_duplicate_id
+from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +52,32 @@ class EventWrite:
 
 @dataclass
 class Batch:
-    """What one engine step owes Redis, written in this order."""
+    """What one engine step owes Redis, written in this order: `tokens` (the step's token events, in
+    columns: worker/token_events.py), `events`, dead letters, acks, hand-offs."""
 
     events: list[EventWrite] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
     handoffs: list[str] = field(default_factory=list)
+    tokens: TokenEvents | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.dead_letters or self.acks or self.handoffs)
+        return bool(self.tokens or self.events or self.dead_letters or self.acks or self.handoffs)
+
+    def event_writes(self) -> list[EventWrite]:
+        """Every event of the batch in write order: the token events, then `events`."""
+        if not self.tokens:
+            return self.events
+        return self.tokens.writes(EventWrite) + self.events
 
     def extend(self, other: Batch) -> None:
-        self.events += other.events
+        """Appends a later batch. NOTE: each batch's token events stay before its own events and after the
+        earlier batch's (a request's token, then its "done"); the merged batch holds them as EventWrites."""
+        if self.tokens or other.tokens:
+            self.events = self.event_writes() + other.event_writes()
+            self.tokens = None
+        else:
+            self.events += other.events
         self.dead_letters += other.dead_letters
         self.acks += other.acks
         self.handoffs += other.handoffs
@@ -191,13 +206,14 @@ class Publisher(SubmissionCounter):
                 logger.exception("publisher: dropping a batch that cannot be written")
                 return
             if self._stop.wait(delay):
-                logger.error("publisher stopped with %d unwritten event(s)", len(batch.events))
+                logger.error("publisher stopped with %d unwritten event(s)", len(batch.event_writes()))
                 return
 
     def _write(self, batch: Batch) -> None:
+        events = batch.event_writes()
         pipe = self.client.pipeline(transaction=True)
-        if batch.events:
-            pipe.execute_command("EVAL", *write_events_args(self.result_ttl_s, self._event_writes(batch.events)))
+        if events:
+            pipe.execute_command("EVAL", *write_events_args(self.result_ttl_s, self._event_writes(events)))
         for letter in batch.dead_letters:
             pipe.xadd(self.keys.dead, letter, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
         if batch.acks:
@@ -208,12 +224,12 @@ class Publisher(SubmissionCounter):
             )
         results = pipe.execute(raise_on_error=False)
         num_duplicates = 0
-        if batch.events:
+        if events:
             statuses, results = results[0], results[1:]
             if isinstance(statuses, Exception):  # the script itself was refused: retry the batch (ids dedupe)
                 self._expire_refreshed.clear()
                 raise statuses
-            for write, status in zip(batch.events, statuses, strict=True):
+            for write, status in zip(events, statuses, strict=True):
                 if status == 1:
                     continue
                 if is_duplicate_id(status):
@@ -226,7 +242,7 @@ class Publisher(SubmissionCounter):
             if isinstance(result, Exception):
                 logger.error("publisher: Redis refused a command: %s", result)
         if self.on_written is not None:
-            self.on_written(len(batch.events), num_duplicates)
+            self.on_written(len(events), num_duplicates)
 
     def _event_writes(self, events: list[EventWrite]) -> list[tuple[str, str, str, str, bool, dict[str, str]]]:
         now = time.monotonic()

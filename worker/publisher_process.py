@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 
 from worker.protocol import ResultEvent
 from worker.publisher import MAX_MERGED_BATCHES, Batch, EventWrite, SubmissionCounter
+from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +52,17 @@ _EVENT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ResultE
 
 
 def _pack(batch: Batch) -> tuple:
+    """The step's token events cross as their columns (worker/token_events.py), the other events as tuples."""
     events = [(w.request_id, w.stream, w.channel, _EVENT_FIELDS(w.event)) for w in batch.events]
-    return events, batch.dead_letters, batch.acks, batch.handoffs
+    tokens = batch.tokens.as_tuple() if batch.tokens else None
+    return tokens, events, batch.dead_letters, batch.acks, batch.handoffs
 
 
 def _unpack(wire: tuple) -> Batch:
-    events, dead_letters, acks, handoffs = wire
+    tokens, events, dead_letters, acks, handoffs = wire
     writes = [EventWrite(rid, stream, channel, ResultEvent(*fields)) for rid, stream, channel, fields in events]
-    return Batch(events=writes, dead_letters=dead_letters, acks=acks, handoffs=handoffs)
+    columns = TokenEvents.from_tuple(tokens) if tokens is not None else None
+    return Batch(events=writes, dead_letters=dead_letters, acks=acks, handoffs=handoffs, tokens=columns)
 
 
 def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consumer: str, result_ttl_s: int) -> None:

@@ -1,0 +1,67 @@
+"""A step's token events in columns (worker/token_events.py) from the engine's outputs (worker/outputs.py): the
+numbers and order a result stream needs, across the publisher's pipe and its merges."""
+
+from __future__ import annotations
+
+from engine.outputs import RequestOutput
+from worker.job import Job
+from worker.outputs import events_for_outputs
+from worker.publisher import Batch, EventWrite
+from worker.publisher_process import _pack, _unpack
+from worker.token_events import TokenEvents
+
+
+def _job(request_id: str, n: int = 1) -> Job:
+    return Job(request_id, f"1-{request_id}", f"p:result:{request_id}", f"p:events:{request_id}", n, 10)
+
+
+def _token(request_id: str, token: int, index: int = 0) -> RequestOutput:
+    return RequestOutput(request_id, index, [token], f"t{token}", None, False, None, 10, 1)
+
+
+def _last(request_id: str, token: int, reason: str, index: int = 0, error: str | None = None) -> RequestOutput:
+    tokens, text = ([token], f"t{token}") if token else ([], "")  # token 0: finishing without a new token
+    return RequestOutput(request_id, index, tokens, text, None, True, reason, 10, 2, error)
+
+
+def _seqs(batch: Batch) -> list[tuple[str, str, int, int]]:
+    return [(w.request_id, w.event.type, w.event.index, w.event.seq) for w in batch.event_writes()]
+
+
+def test_a_choice_that_finishes_beside_one_that_streams_keeps_its_stream_growing() -> None:
+    jobs = {"a": _job("a", n=2), "b": _job("b")}
+    batch, finished = events_for_outputs(jobs, [_last("a", 5, "stop"), _token("a", 6, index=1), _token("b", 7)], "w")
+    assert _seqs(batch) == [("a", "token", 0, 1), ("a", "token", 1, 2), ("b", "token", 0, 1), ("a", "done", 0, 3)]
+    assert finished == [] and jobs["a"].done_indices == {0} and jobs["a"].next_seq == 4
+    assert [w.event.token_ids for w in batch.event_writes()[:3]] == [[5], [6], [7]]
+    assert jobs["a"].completion_tokens == {0: 1, 1: 1}
+    batch, finished = events_for_outputs(jobs, [_last("a", 8, "length", index=1)], "w")
+    assert _seqs(batch) == [("a", "token", 1, 4), ("a", "done", 1, 5)] and finished == [jobs["a"]]
+
+
+def test_an_error_ends_every_choice_and_drops_the_tokens_after_it() -> None:
+    jobs = {"a": _job("a", n=2)}
+    outputs = [_token("a", 5), _last("a", 0, "error", index=1, error="boom"), _token("a", 6)]
+    batch, finished = events_for_outputs(jobs, outputs, "w")
+    assert _seqs(batch) == [("a", "token", 0, 1), ("a", "error", 0, 2)] and finished == [jobs["a"]]
+    assert batch.events[0].event.error == "boom"
+
+
+def test_a_step_without_tokens_has_no_columns_and_an_empty_one_is_no_batch() -> None:
+    jobs = {"a": _job("a")}
+    batch, _ = events_for_outputs(jobs, [_last("a", 0, "abort")], "w")
+    assert batch.tokens is None and _seqs(batch) == [("a", "done", 0, 1)]
+    assert not events_for_outputs(jobs, [], "w")[0]
+
+
+def test_the_pipe_and_merges_keep_each_batchs_tokens_before_its_events() -> None:
+    jobs = {"a": _job("a", n=2)}
+    first, _ = events_for_outputs(jobs, [_last("a", 5, "stop"), _token("a", 6, index=1)], "w")
+    second, _ = events_for_outputs(jobs, [_token("a", 7, index=1)], "w")
+    first.acks.append("1-a")
+    crossed = _unpack(_pack(first))
+    assert _seqs(crossed) == _seqs(first) == [("a", "token", 0, 1), ("a", "token", 1, 2), ("a", "done", 0, 3)]
+    assert crossed.acks == ["1-a"] and isinstance(crossed.tokens, TokenEvents)
+    crossed.extend(_unpack(_pack(second)))
+    assert [seq for *_, seq in _seqs(crossed)] == [1, 2, 3, 4] and crossed.tokens is None
+    assert all(isinstance(w, EventWrite) and w.stream == "p:result:a" for w in crossed.event_writes())

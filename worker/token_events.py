@@ -1,0 +1,62 @@
+"""One step's token events as columns: what the engine loop hands over for every running request at every step.
+
+Why: at full batch the worker's one thread is the service's bottleneck (bench/results/h100/session27/: the loop
+outran the GPU's steps at 193-256 sequences), and a token event built as a ResultEvent in an EventWrite, then
+packed into tuples and pickled for the publisher process, cost the loop ~2 us an event in Python objects. Here
+the loop appends each event's few values to lists (pickled as a handful of objects a token, not a score), and
+the writing side (the publisher process, or its thread) builds the events.
+
+Order: a batch's token events are written before its other events (`Batch.event_writes`), and
+worker/outputs.py numbers them so (a step's token events take their sequence numbers before its "done" and
+"error" events), since a result stream's ids must grow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.protocol import ResultEvent
+
+
+@dataclass(slots=True)
+class TokenEvents:
+    """Token events of one step, column by column (entry i of every list is event i).
+
+    Args:
+        worker: the consumer name every event carries.
+    """
+
+    worker: str
+    request_ids: list[str] = field(default_factory=list)
+    streams: list[str] = field(default_factory=list)
+    channels: list[str] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    indexes: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def as_tuple(self) -> tuple:
+        """The columns as a plain tuple (what crosses the publisher's pipe); `from_tuple` reverses it."""
+        return (self.worker, self.request_ids, self.streams, self.channels, self.seqs, self.indexes, self.texts,
+                self.token_ids, self.logprobs)  # fmt: skip
+
+    @classmethod
+    def from_tuple(cls, wire: tuple) -> TokenEvents:
+        return cls(*wire)
+
+    def writes(self, make_write) -> list:
+        """The events, in order, as make_write(request_id, stream, channel, ResultEvent) builds them (EventWrite)."""
+        worker = self.worker
+        return [
+            make_write(rid, stream, channel, ResultEvent(seq, "token", index, text, tokens, logprobs, None, None, None,
+                                                         worker))  # fmt: skip
+            for rid, stream, channel, seq, index, text, tokens, logprobs in zip(
+                self.request_ids, self.streams, self.channels, self.seqs, self.indexes, self.texts, self.token_ids,
+                self.logprobs, strict=True,
+            )
+        ]
