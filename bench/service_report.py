@@ -44,6 +44,8 @@ def phases_line(phases: dict | None) -> str:
         f"{p.get('_read_during_step', 0):.2f} s, intake while idle {p.get('_intake', 0):.2f} s "
         f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), replies of the reads sent during the steps "
         f"(cancel check, new messages) {p.get('_finish_step_reads', 0):.2f} s (inside 'events and bookkeeping'), "
+        f"building the step's events {p.get('events_for_outputs', 0):.2f} s and handing batches to the publisher "
+        f"{p.get('publisher.submit', 0):.2f} s (both inside it too), "
         f"cancel checks of their own {p.get('_check_cancels', 0):.2f} s, "
         f"loop total {p.get('_iteration', 0):.2f} s." + _gc_text(phases)
     )

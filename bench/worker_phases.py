@@ -32,6 +32,12 @@ class WorkerPhases:
         worker._receive = self._first_call("first_read_at", worker._receive)
         worker._admit = self._first_call("first_admit_at", worker._admit)
         worker.engine.step = self._timed("engine.step", worker.engine.step)
+        # Inside _step's after-step work: building the events and handing them to the publisher (the pipe's
+        # send waits when the publisher process falls behind)
+        from worker import loop as loop_module
+
+        worker.publisher.submit = self._timed("publisher.submit", worker.publisher.submit)
+        loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         self.started = time.perf_counter()
         self.first_step_at: float | None = None
