@@ -1,4 +1,4 @@
-"""Engine outputs -> result events. Sequence numbers come from each Job, in step order."""
+"""Engine outputs -> result events. Sequence numbers come from each Job, in the order the events are written."""
 
 from __future__ import annotations
 
