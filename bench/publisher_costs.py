@@ -7,8 +7,8 @@ Why: with token events handed over in columns (worker/token_events.py) the worke
 ~0.15 ms a step, but its hand-off to the publisher process still took 0.5-0.6 ms a step on H100 hosts, the pipe's
 send waiting for a child that falls behind (bench/results/h100/session27/README.md). The stages, each the mean
 ms per batch over --batches batches (every batch a fresh sequence number, so every XADD writes):
-- materialize: the columns into EventWrites (`Batch.event_writes`);
-- encode: XADD fields and pub/sub payload of each event (`Publisher._event_writes`);
+- encode: XADD fields and pub/sub payload of each event, straight from the columns (`Publisher._event_writes`;
+  before session 27's encoder the columns were first made EventWrites, "materialize" in the results before it);
 - args: the script's argument list (`write_events_args`);
 - pack: redis-py packing the EVAL into RESP;
 - redis: sending it and reading the statuses back (Redis runs the XADDs, PUBLISHes and EXPIREs);
@@ -49,7 +49,7 @@ def _columns(keys, request_ids: list[str], seq: int):
         tokens.texts.append(" word")
         tokens.token_ids.append([1234])
         tokens.logprobs.append(None)
-    return Batch(tokens=tokens)
+    return Batch(tokens=[(0, tokens)])
 
 
 def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
@@ -64,13 +64,12 @@ def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
     publisher = Publisher(client, keys, "worker-0", 600, lambda request_id: None)
     request_ids = [f"cmpl-{i:032x}" for i in range(num_events)]
     connection = client.connection_pool.get_connection()
-    totals = dict.fromkeys(("materialize", "encode", "args", "pack", "redis", "write"), 0.0)
+    totals = dict.fromkeys(("encode", "args", "pack", "redis", "write"), 0.0)
     try:
         for step in range(num_batches):
+            batch = _columns(keys, request_ids, 2 * step + 1)
             marks = [time.perf_counter()]
-            events = _columns(keys, request_ids, 2 * step + 1).event_writes()
-            marks.append(time.perf_counter())
-            writes = publisher._event_writes(events)
+            writes, _ = publisher._event_writes(batch)
             marks.append(time.perf_counter())
             args = write_events_args(600, writes)
             marks.append(time.perf_counter())
@@ -79,7 +78,7 @@ def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
             connection.send_packed_command(packed)
             connection.read_response()
             marks.append(time.perf_counter())
-            for name, (a, b) in zip(("materialize", "encode", "args", "pack", "redis"), zip(marks, marks[1:])):
+            for name, (a, b) in zip(("encode", "args", "pack", "redis"), zip(marks, marks[1:])):
                 totals[name] += b - a
             batch = _columns(keys, request_ids, 2 * step + 2)
             start = time.perf_counter()

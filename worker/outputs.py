@@ -63,7 +63,7 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
             events.append(write(job, job.done_event(out.index, out.finish_reason, out.num_output_tokens, consumer)))
         if job.is_done:
             finished.append(job)
-    return Batch(events=events, tokens=tokens if len(tokens) else None), finished
+    return Batch(events=events, tokens=[(0, tokens)] if len(tokens) else []), finished
 
 
 def abort_events(job: Job, abort_outputs: list, consumer: str) -> list[EventWrite]:

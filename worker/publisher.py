@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import redis
 
 from worker.event_script import write_events_args
-from worker.protocol import Keys, ResultEvent, encode_event_for_write, stream_id
+from worker.protocol import Keys, ResultEvent, encode_event_for_write, encode_token_for_write, stream_id
 from worker.redis_client import CONNECTION_ERRORS, Backoff, is_duplicate_id
 from worker.token_events import TokenEvents
 
@@ -52,32 +52,49 @@ class EventWrite:
 
 @dataclass
 class Batch:
-    """What one engine step owes Redis, written in this order: `tokens` (the step's token events, in
-    columns: worker/token_events.py), `events`, dead letters, acks, hand-offs."""
+    """What one engine step owes Redis, written in this order: its events (`tokens`, the step's token events in
+    columns, worker/token_events.py, then `events`), dead letters, acks, hand-offs.
+
+    `tokens` holds (position, columns) pairs: those token events are written before events[position:]. A step's
+    batch has at most one, at 0; merged batches (`extend`) keep each batch's own, so that the publisher encodes
+    columns straight into the script's arguments however far behind it is."""
 
     events: list[EventWrite] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
     handoffs: list[str] = field(default_factory=list)
-    tokens: TokenEvents | None = None
+    tokens: list[tuple[int, TokenEvents]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.tokens or self.events or self.dead_letters or self.acks or self.handoffs)
 
+    def segments(self) -> list[TokenEvents | list[EventWrite]]:
+        """The batch's events in write order, as runs of columns and of EventWrites."""
+        runs: list[TokenEvents | list[EventWrite]] = []
+        done = 0
+        for position, columns in self.tokens:
+            if position > done:
+                runs.append(self.events[done:position])
+                done = position
+            runs.append(columns)
+        if done < len(self.events):
+            runs.append(self.events[done:])
+        return runs
+
     def event_writes(self) -> list[EventWrite]:
-        """Every event of the batch in write order: the token events, then `events`."""
+        """Every event of the batch in write order, as EventWrites."""
         if not self.tokens:
             return self.events
-        return self.tokens.writes(EventWrite) + self.events
+        writes: list[EventWrite] = []
+        for run in self.segments():
+            writes += run.writes(EventWrite) if isinstance(run, TokenEvents) else run
+        return writes
 
     def extend(self, other: Batch) -> None:
-        """Appends a later batch. NOTE: each batch's token events stay before its own events and after the
-        earlier batch's (a request's token, then its "done"); the merged batch holds them as EventWrites."""
-        if self.tokens or other.tokens:
-            self.events = self.event_writes() + other.event_writes()
-            self.tokens = None
-        else:
-            self.events += other.events
+        """Appends a later batch: its events (token events and the rest, in their order) after this one's."""
+        offset = len(self.events)
+        self.tokens += [(position + offset, columns) for position, columns in other.tokens]
+        self.events += other.events
         self.dead_letters += other.dead_letters
         self.acks += other.acks
         self.handoffs += other.handoffs
@@ -210,10 +227,10 @@ class Publisher(SubmissionCounter):
                 return
 
     def _write(self, batch: Batch) -> None:
-        events = batch.event_writes()
+        writes, owners = self._event_writes(batch)
         pipe = self.client.pipeline(transaction=True)
-        if events:
-            pipe.execute_command("EVAL", *write_events_args(self.result_ttl_s, self._event_writes(events)))
+        if writes:
+            pipe.execute_command("EVAL", *write_events_args(self.result_ttl_s, writes))
         for letter in batch.dead_letters:
             pipe.xadd(self.keys.dead, letter, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
         if batch.acks:
@@ -224,51 +241,73 @@ class Publisher(SubmissionCounter):
             )
         results = pipe.execute(raise_on_error=False)
         num_duplicates = 0
-        if events:
+        if writes:
             statuses, results = results[0], results[1:]
             if isinstance(statuses, Exception):  # the script itself was refused: retry the batch (ids dedupe)
                 self._expire_refreshed.clear()
                 raise statuses
-            for write, status in zip(events, statuses, strict=True):
+            for (request_id, stream, seq), status in zip(owners, statuses, strict=True):
                 if status == 1:
                     continue
                 if is_duplicate_id(status):
                     num_duplicates += 1
-                    self._check_owner(write)
+                    self._check_owner(request_id, stream, seq)
                 else:
-                    logger.error("cannot write event %d of %s to %s: %r", write.event.seq, write.request_id,
-                                 write.stream, status)  # fmt: skip
+                    logger.error("cannot write event %d of %s to %s: %r", seq, request_id, stream, status)
         for result in results:
             if isinstance(result, Exception):
                 logger.error("publisher: Redis refused a command: %s", result)
         if self.on_written is not None:
-            self.on_written(len(events), num_duplicates)
+            self.on_written(len(writes), num_duplicates)
 
-    def _event_writes(self, events: list[EventWrite]) -> list[tuple[str, str, str, str, bool, dict[str, str]]]:
+    def _event_writes(self, batch: Batch) -> tuple[list[tuple], list[tuple[str, str, int]]]:
+        """The script's (stream, id, channel, payload, expire, fields) for every event of the batch, in write order,
+        and each one's (request id, stream, seq). Token events without logprobs are encoded straight from their
+        columns (encode_token_for_write); the rest through their ResultEvent."""
         now = time.monotonic()
         refresh_after = self.result_ttl_s * EXPIRE_REFRESH_FRACTION
-        writes = []
-        for write in events:
-            fields, payload = encode_event_for_write(write.event)
-            terminal = write.event.is_terminal_for_choice
-            last = self._expire_refreshed.get(write.stream)
-            expire = terminal or last is None or now - last >= refresh_after
-            if terminal:
-                self._expire_refreshed.pop(write.stream, None)
-            elif expire:
-                self._expire_refreshed[write.stream] = now
-            writes.append((write.stream, stream_id(write.event.seq), write.channel, payload, expire, fields))
-        return writes
+        refreshed = self._expire_refreshed
+        writes: list[tuple] = []
+        owners: list[tuple[str, str, int]] = []
+        for run in batch.segments():
+            if isinstance(run, TokenEvents):
+                worker = run.worker
+                for rid, stream, channel, seq, index, text, tokens, logprobs in zip(
+                    run.request_ids, run.streams, run.channels, run.seqs, run.indexes, run.texts, run.token_ids,
+                    run.logprobs, strict=True,
+                ):  # fmt: skip
+                    if logprobs is None:
+                        fields, payload = encode_token_for_write(seq, index, text, tokens, worker)
+                    else:
+                        event = ResultEvent(seq, "token", index, text, tokens, logprobs, None, None, None, worker)
+                        fields, payload = encode_event_for_write(event)
+                    last = refreshed.get(stream)  # a token event is never terminal
+                    expire = last is None or now - last >= refresh_after
+                    if expire:
+                        refreshed[stream] = now
+                    writes.append((stream, stream_id(seq), channel, payload, expire, fields))
+                    owners.append((rid, stream, seq))
+                continue
+            for write in run:
+                fields, payload = encode_event_for_write(write.event)
+                terminal = write.event.is_terminal_for_choice
+                last = refreshed.get(write.stream)
+                expire = terminal or last is None or now - last >= refresh_after
+                if terminal:
+                    refreshed.pop(write.stream, None)
+                elif expire:
+                    refreshed[write.stream] = now
+                writes.append((write.stream, stream_id(write.event.seq), write.channel, payload, expire, fields))
+                owners.append((write.request_id, write.stream, write.event.seq))
+        return writes, owners
 
-    def _check_owner(self, write: EventWrite) -> None:
+    def _check_owner(self, request_id: str, stream: str, seq: int) -> None:
         """A duplicate id is our own earlier write (a retry) or another worker's: only the latter is a loss."""
-        sid = stream_id(write.event.seq)
-        entries = self.client.xrange(write.stream, min=sid, max=sid)
+        sid = stream_id(seq)
+        entries = self.client.xrange(stream, min=sid, max=sid)
         if not entries:
             return
         writer = entries[0][1].get(b"worker", b"").decode()
         if writer and writer != self.consumer:
-            logger.warning(
-                "request %s: seq %d was written by %s; dropping local copy", write.request_id, write.event.seq, writer
-            )
-            self.on_lost(write.request_id)
+            logger.warning("request %s: seq %d was written by %s; dropping local copy", request_id, seq, writer)
+            self.on_lost(request_id)

@@ -54,14 +54,14 @@ _EVENT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ResultE
 def _pack(batch: Batch) -> tuple:
     """The step's token events cross as their columns (worker/token_events.py), the other events as tuples."""
     events = [(w.request_id, w.stream, w.channel, _EVENT_FIELDS(w.event)) for w in batch.events]
-    tokens = batch.tokens.as_tuple() if batch.tokens else None
+    tokens = [(position, columns.as_tuple()) for position, columns in batch.tokens]
     return tokens, events, batch.dead_letters, batch.acks, batch.handoffs
 
 
 def _unpack(wire: tuple) -> Batch:
     tokens, events, dead_letters, acks, handoffs = wire
     writes = [EventWrite(rid, stream, channel, ResultEvent(*fields)) for rid, stream, channel, fields in events]
-    columns = TokenEvents.from_tuple(tokens) if tokens is not None else None
+    columns = [(position, TokenEvents.from_tuple(values)) for position, values in tokens]
     return Batch(events=writes, dead_letters=dead_letters, acks=acks, handoffs=handoffs, tokens=columns)
 
 

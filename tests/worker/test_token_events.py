@@ -3,10 +3,15 @@ numbers and order a result stream needs, across the publisher's pipe and its mer
 
 from __future__ import annotations
 
+import random
+
 from engine.outputs import RequestOutput
+from engine.request import Logprob
+from tests.worker.harness import read_events
 from worker.job import Job
 from worker.outputs import events_for_outputs
-from worker.publisher import Batch, EventWrite
+from worker.protocol import Keys, ResultEvent, encode_event_for_write, encode_token_for_write
+from worker.publisher import Batch, EventWrite, Publisher
 from worker.publisher_process import _pack, _unpack
 from worker.token_events import TokenEvents
 
@@ -50,7 +55,7 @@ def test_an_error_ends_every_choice_and_drops_the_tokens_after_it() -> None:
 def test_a_step_without_tokens_has_no_columns_and_an_empty_one_is_no_batch() -> None:
     jobs = {"a": _job("a")}
     batch, _ = events_for_outputs(jobs, [_last("a", 0, "abort")], "w")
-    assert batch.tokens is None and _seqs(batch) == [("a", "done", 0, 1)]
+    assert batch.tokens == [] and _seqs(batch) == [("a", "done", 0, 1)]
     assert not events_for_outputs(jobs, [], "w")[0]
 
 
@@ -61,7 +66,41 @@ def test_the_pipe_and_merges_keep_each_batchs_tokens_before_its_events() -> None
     first.acks.append("1-a")
     crossed = _unpack(_pack(first))
     assert _seqs(crossed) == _seqs(first) == [("a", "token", 0, 1), ("a", "token", 1, 2), ("a", "done", 0, 3)]
-    assert crossed.acks == ["1-a"] and isinstance(crossed.tokens, TokenEvents)
+    assert crossed.acks == ["1-a"] and isinstance(crossed.tokens[0][1], TokenEvents)
     crossed.extend(_unpack(_pack(second)))
-    assert [seq for *_, seq in _seqs(crossed)] == [1, 2, 3, 4] and crossed.tokens is None
+    assert [seq for *_, seq in _seqs(crossed)] == [1, 2, 3, 4]
+    assert [position for position, _ in crossed.tokens] == [0, 1]  # the second step's tokens after the first's done
+    assert [type(run).__name__ for run in crossed.segments()] == ["TokenEvents", "list", "TokenEvents"]
     assert all(isinstance(w, EventWrite) and w.stream == "p:result:a" for w in crossed.event_writes())
+
+
+def test_the_column_encoder_writes_the_bytes_of_the_event_encoder() -> None:
+    rng = random.Random(0)
+    alphabet = ["a", '"', "\\", "é", "\n", "中", " ", "\u2028", "\x00"]
+    for _ in range(500):
+        seq, index = rng.randrange(1, 10**9), rng.randrange(0, 8)
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 6)))
+        tokens = [rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 4))]
+        worker = rng.choice([None, "w-1", "wö-2"])
+        event = ResultEvent(seq, "token", index, text, tokens, None, None, None, None, worker)
+        assert encode_token_for_write(seq, index, text, tokens, worker) == encode_event_for_write(event)
+
+
+def test_merged_steps_reach_redis_in_order_once_with_their_logprobs(redis_server, prefix) -> None:
+    keys, client = Keys(prefix), redis_server.client()
+    jobs = {"a": Job("a", "1-a", keys.result("a"), keys.events("a"), 2, 10)}
+    first, _ = events_for_outputs(jobs, [_last("a", 5, "stop"), _token("a", 6, index=1)], "w")
+    logprob = RequestOutput("a", 1, [7], "t7", [Logprob(7, -0.5, {7: -0.5, 8: -1.5})], False, None, 10, 2)
+    second, _ = events_for_outputs(jobs, [logprob], "w")
+    written: list[tuple[int, int]] = []
+    publisher = Publisher(client, keys, "w", 60, lambda request_id: None, lambda n, d: written.append((n, d)))
+    merged = _unpack(_pack(first))
+    merged.extend(_unpack(_pack(second)))
+    publisher.write(merged)
+    publisher.write(merged)  # a retry after a lost reply: every id is there already
+    events = [event for _, event in read_events(client, keys, "a")]
+    assert [(e.seq, e.type, e.index, e.token_ids) for e in events] == [
+        (1, "token", 0, [5]), (2, "token", 1, [6]), (3, "done", 0, None), (4, "token", 1, [7])
+    ]  # fmt: skip
+    assert events[3].logprobs == [{"token_id": 7, "logprob": -0.5, "top": {"7": -0.5, "8": -1.5}}]
+    assert written == [(4, 0), (4, 4)]

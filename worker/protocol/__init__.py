@@ -23,6 +23,7 @@ from worker.protocol.events import (
     decode_event,
     encode_event,
     encode_event_for_write,
+    encode_token_for_write,
     event_to_json,
     is_complete,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "encode_dead_letter",
     "encode_event",
     "encode_event_for_write",
+    "encode_token_for_write",
     "encode_request",
     "event_to_json",
     "is_complete",

@@ -97,6 +97,29 @@ def encode_event_for_write(event: ResultEvent) -> tuple[dict[str, str], str]:
     return _fields_of(items), _JSON.encode(items)
 
 
+_VERSION_JSON = json.dumps(PROTOCOL_VERSION)
+
+
+def encode_token_for_write(
+    seq: int, index: int, text: str, token_ids: list[int], worker: str | None
+) -> tuple[dict[str, str], str]:
+    """encode_event_for_write of a token event without logprobs, from its values: the same fields and payload,
+    byte for byte, without building the event or validating it (the worker numbers its own events: seq >= 1,
+    index >= 0). NOTE: the publisher calls it for every token of every step; at full batch the generic path
+    cost ~7 us an event of the publisher's ~13 us (bench/results/devbox/publisher_costs.md)."""
+    tokens = _JSON.encode(token_ids)
+    text = text or ""
+    fields = {"v": PROTOCOL_VERSION, "seq": str(seq), "type": "token", "index": str(index), "text": text,
+              "token_ids": tokens}  # fmt: skip
+    tail = ""
+    if worker is not None:
+        fields["worker"] = worker
+        tail = f', "worker": {_JSON.encode(worker)}'
+    payload = (f'{{"v": {_VERSION_JSON}, "seq": {seq}, "type": "token", "index": {index}, '
+               f'"text": {_JSON.encode(text)}, "token_ids": {tokens}{tail}}}')  # fmt: skip
+    return fields, payload
+
+
 def decode_event(fields: Mapping[Any, Any] | str | bytes) -> ResultEvent:
     """Parse stream fields (str or bytes) or a pub/sub JSON payload.
 
