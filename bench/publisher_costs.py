@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -94,14 +93,13 @@ def main(argv=None) -> dict:
     import redis
 
     from bench.service_processes import free_port
+    from bench.service_stack import redis_server_binary
 
     args = _parse_args(argv)
-    binary = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
-    if not binary:
-        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
     port = free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tempfile.mkdtemp(),
-                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
+                               tempfile.mkdtemp(), "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL)  # fmt: skip
     try:
         url = f"redis://127.0.0.1:{port}/0"
         deadline = time.monotonic() + 10

@@ -38,7 +38,7 @@ class StepTiming:
     num_tokens: int
     graphed: bool
     context_tokens: int
-    started_s: float = 0.0
+    started_s: float
 
 
 class StepClock:

@@ -81,14 +81,9 @@ class Batch:
             runs.append(self.events[done:])
         return runs
 
-    def event_writes(self) -> list[EventWrite]:
-        """Every event of the batch in write order, as EventWrites."""
-        if not self.tokens:
-            return self.events
-        writes: list[EventWrite] = []
-        for run in self.segments():
-            writes += run.writes(EventWrite) if isinstance(run, TokenEvents) else run
-        return writes
+    @property
+    def num_events(self) -> int:
+        return len(self.events) + sum(len(columns) for _, columns in self.tokens)
 
     def extend(self, other: Batch) -> None:
         """Appends a later batch: its events (token events and the rest, in their order) after this one's."""
@@ -223,7 +218,7 @@ class Publisher(SubmissionCounter):
                 logger.exception("publisher: dropping a batch that cannot be written")
                 return
             if self._stop.wait(delay):
-                logger.error("publisher stopped with %d unwritten event(s)", len(batch.event_writes()))
+                logger.error("publisher stopped with %d unwritten event(s)", batch.num_events)
                 return
 
     def _write(self, batch: Batch) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.protocol import ResultEvent
-
 
 @dataclass(slots=True)
 class TokenEvents:
@@ -49,15 +47,3 @@ class TokenEvents:
     @classmethod
     def from_tuple(cls, wire: tuple) -> TokenEvents:
         return cls(*wire)
-
-    def writes(self, make_write) -> list:
-        """The events, in order, as make_write(request_id, stream, channel, ResultEvent) builds them (EventWrite)."""
-        worker = self.worker
-        return [
-            make_write(rid, stream, channel, ResultEvent(seq, "token", index, text, tokens, logprobs, None, None, None,
-                                                         worker))  # fmt: skip
-            for rid, stream, channel, seq, index, text, tokens, logprobs in zip(
-                self.request_ids, self.streams, self.channels, self.seqs, self.indexes, self.texts, self.token_ids,
-                self.logprobs, strict=True,
-            )
-        ]

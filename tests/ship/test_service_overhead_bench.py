@@ -21,3 +21,6 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert json.loads((tmp_path / "service_overhead.json").read_text())["offline"] == result["offline"]
     text = (tmp_path / "service_overhead.md").read_text()
     assert "Offline engine: steps by batch size" in text and "Service worker: steps by batch size" in text
+    phases = result["service"]["worker_phases"]["phases_s"]  # the after-step split: building and handing over
+    assert phases["events_for_outputs"] > 0 and phases["publisher.submit"] > 0
+    assert "handing batches to the publisher" in text

@@ -11,7 +11,7 @@ from tests.worker.harness import read_events
 from worker.job import Job
 from worker.outputs import events_for_outputs
 from worker.protocol import Keys, ResultEvent, encode_event_for_write, encode_token_for_write
-from worker.publisher import Batch, EventWrite, Publisher
+from worker.publisher import Batch, Publisher
 from worker.publisher_process import _pack, _unpack
 from worker.token_events import TokenEvents
 
@@ -29,8 +29,19 @@ def _last(request_id: str, token: int, reason: str, index: int = 0, error: str |
     return RequestOutput(request_id, index, tokens, text, None, True, reason, 10, 2, error)
 
 
+def _written(batch: Batch) -> list[tuple[str, str, int, int, list[int] | None, str]]:
+    """(request id, type, index, seq, token ids, stream) of every event, in the order the publisher writes them."""
+    rows = []
+    for run in batch.segments():
+        if isinstance(run, TokenEvents):
+            rows += zip(run.request_ids, ["token"] * len(run), run.indexes, run.seqs, run.token_ids, run.streams)
+        else:
+            rows += [(w.request_id, w.event.type, w.event.index, w.event.seq, w.event.token_ids, w.stream) for w in run]
+    return rows
+
+
 def _seqs(batch: Batch) -> list[tuple[str, str, int, int]]:
-    return [(w.request_id, w.event.type, w.event.index, w.event.seq) for w in batch.event_writes()]
+    return [row[:4] for row in _written(batch)]
 
 
 def test_a_choice_that_finishes_beside_one_that_streams_keeps_its_stream_growing() -> None:
@@ -38,7 +49,7 @@ def test_a_choice_that_finishes_beside_one_that_streams_keeps_its_stream_growing
     batch, finished = events_for_outputs(jobs, [_last("a", 5, "stop"), _token("a", 6, index=1), _token("b", 7)], "w")
     assert _seqs(batch) == [("a", "token", 0, 1), ("a", "token", 1, 2), ("b", "token", 0, 1), ("a", "done", 0, 3)]
     assert finished == [] and jobs["a"].done_indices == {0} and jobs["a"].next_seq == 4
-    assert [w.event.token_ids for w in batch.event_writes()[:3]] == [[5], [6], [7]]
+    assert [row[4] for row in _written(batch)[:3]] == [[5], [6], [7]]
     assert jobs["a"].completion_tokens == {0: 1, 1: 1}
     batch, finished = events_for_outputs(jobs, [_last("a", 8, "length", index=1)], "w")
     assert _seqs(batch) == [("a", "token", 1, 4), ("a", "done", 1, 5)] and finished == [jobs["a"]]
@@ -71,7 +82,7 @@ def test_the_pipe_and_merges_keep_each_batchs_tokens_before_its_events() -> None
     assert [seq for *_, seq in _seqs(crossed)] == [1, 2, 3, 4]
     assert [position for position, _ in crossed.tokens] == [0, 1]  # the second step's tokens after the first's done
     assert [type(run).__name__ for run in crossed.segments()] == ["TokenEvents", "list", "TokenEvents"]
-    assert all(isinstance(w, EventWrite) and w.stream == "p:result:a" for w in crossed.event_writes())
+    assert all(row[5] == "p:result:a" for row in _written(crossed))
 
 
 def test_the_column_encoder_writes_the_bytes_of_the_event_encoder() -> None:
