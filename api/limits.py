@@ -24,10 +24,9 @@ def check_token_ids(info: ModelInfo, body: ChatCompletionRequest | CompletionReq
     vocab = info.vocab_size
     if isinstance(body, CompletionRequest):
         prompt = body.single_prompt()
-        if isinstance(prompt, list):
-            for i, token in enumerate(prompt):
-                if token >= vocab:
-                    raise bad_request(f"prompt[{i}] = {token} is outside the vocabulary [0, {vocab})", param="prompt")
+        if isinstance(prompt, list) and prompt and max(prompt) >= vocab:  # max() in C; the index only on error
+            i = next(i for i, token in enumerate(prompt) if token >= vocab)
+            raise bad_request(f"prompt[{i}] = {prompt[i]} is outside the vocabulary [0, {vocab})", param="prompt")
     for key in body.logit_bias or {}:
         if int(key) >= vocab:
             raise bad_request(f"logit_bias key {key} is outside the vocabulary [0, {vocab})", param="logit_bias")

@@ -44,6 +44,10 @@ def reject_unsupported(data: Any, extra: dict[str, tuple[Any, ...]]) -> Any:
     return data
 
 
+# JSON values that hold no string.
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def invalid_unicode_path(value: Any, path: str) -> str | None:
     """Where a string holds an unpaired surrogate (JSON allows "\\ud800"; UTF-8 cannot encode it)."""
     if isinstance(value, str):
@@ -57,6 +61,8 @@ def invalid_unicode_path(value: Any, path: str) -> str | None:
             if found:
                 return found
     elif isinstance(value, list):
+        if set(map(type, value)) <= _SCALARS:  # token ids: no string inside (checked in C, not per item)
+            return None
         for i, item in enumerate(value):
             if found := invalid_unicode_path(item, f"{path}[{i}]"):
                 return found

@@ -55,7 +55,8 @@ CASES = [
     ("chat-prompt-over-context", CHAT_URL, chat(messages=[{"role": "user", "content": LONG}]), 400, "messages",
      f"is {chat_prompt_tokens([{'role': 'user', 'content': LONG}])} tokens"),
     ("token-prompt-over-context", COMP_URL, comp(prompt=[1] * CONTEXT), 400, "prompt", f"is {CONTEXT} tokens"),
-    ("token-id-outside-vocab", COMP_URL, comp(prompt=[1, 256]), 400, "prompt", "[0, 256)"),
+    ("token-id-outside-vocab", COMP_URL, comp(prompt=[1, 5, 256, 300]), 400, "prompt",
+     "prompt[2] = 256 is outside the vocabulary [0, 256)"),
     ("negative-token-id", COMP_URL, comp(prompt=[1, -1]), 400, "prompt[1]", "greater than or equal to 0"),
     ("several-prompts", COMP_URL, comp(prompt=["a", "b"]), 400, "prompt", "one prompt per request"),
     ("empty-prompt", COMP_URL, comp(prompt=""), 400, "prompt", "at least 1"),
@@ -133,8 +134,10 @@ def test_bad_body_is_refused_and_nothing_is_enqueued(api, rclient, prefix, url, 
     [b'{"model": "m", "messages": [', b"not json at all", b'{"model": "m", "prompt": "x", "temperature": NaN}',
      b'{"model": "m", "prompt": "x", "temperature": Infinity}', b"",
      b'{"model": "%s", "prompt": "a\\ud800"}' % MODEL.encode(),
-     b'{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % MODEL.encode()],
-    ids=["truncated", "not-json", "nan", "infinity", "empty", "lone-surrogate-prompt", "lone-surrogate-message"],
+     b'{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % MODEL.encode(),
+     b'{"model": "%s", "prompt": ["a\\ud800"]}' % MODEL.encode()],
+    ids=["truncated", "not-json", "nan", "infinity", "empty", "lone-surrogate-prompt", "lone-surrogate-message",
+         "lone-surrogate-in-a-prompt-list"],
 )  # fmt: skip
 def test_malformed_json_is_400(api, rclient, prefix, raw):
     url = CHAT_URL if b"messages" in raw else COMP_URL

@@ -104,6 +104,8 @@ def test_plain_fields_from_another_language_decode():
         ({"v": "1", "id": "a", "messages": '[{"role": "user", "content": 3}]'}, "messages[0].content", "string"),
         ({"v": "1", "id": "a", "prompt_token_ids": "[1, -2]"}, "prompt_token_ids", "non-negative"),
         ({"v": "1", "id": "a", "prompt_token_ids": "[1.5]"}, "prompt_token_ids", "non-negative"),
+        ({"v": "1", "id": "a", "prompt_token_ids": "[1, true]"}, "prompt_token_ids", "non-negative"),
+        ({"v": "1", "id": "a", "prompt_token_ids": '[1, "2"]'}, "prompt_token_ids", "non-negative"),
         ({"v": "1", "id": "a", "prompt_token_ids": "[]"}, "prompt_token_ids", "non-empty"),
         ({"v": "1", "id": "a", "prompt": "x", "params": "[1]"}, "params", "JSON object"),
         ({"v": "1", "id": "a", "prompt": "x", "params": '{"temp": 1}'}, "params", "unknown"),
