@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -82,8 +84,10 @@ async def _measure(base: str, sequential: int, burst: int, api_pid: int) -> dict
     }  # fmt: skip
 
 
-def main(argv=None) -> dict:
-    args = _parse_args(argv)
+@contextmanager
+def running_api(tree: str | None = None) -> Iterator[tuple[str, redis.Redis, int]]:
+    """`python -m api` (of `tree`'s checkout) on a private redis-server holding a fake model record, no
+    worker: yields (the API's base URL, a client of that Redis (bytes replies), the API's pid)."""
     binary = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
     if not binary:
         raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
@@ -104,8 +108,8 @@ def main(argv=None) -> dict:
         client.set(Keys("inferq").model, info.to_json())
         env = {**os.environ, "INFERQ_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "INFERQ_HOST": "127.0.0.1",
                "INFERQ_PORT": str(api_port), "INFERQ_MAX_QUEUED_REQUESTS": "100000"}  # fmt: skip
-        api = subprocess.Popen([sys.executable, "-m", "api"], cwd=args.tree, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        api = subprocess.Popen([sys.executable, "-m", "api"], cwd=tree or str(Path(__file__).resolve().parents[1]),
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         base = f"http://127.0.0.1:{api_port}"
         deadline = time.monotonic() + 60
         while True:
@@ -116,8 +120,7 @@ def main(argv=None) -> dict:
                 if time.monotonic() > deadline or api.poll() is not None:
                     raise SystemExit("the API did not start") from None
                 time.sleep(0.1)
-        figures = asyncio.run(_measure(base, args.sequential, args.burst, api.pid))
-        result = {"tree": args.tree, "cpus": os.cpu_count(), **figures}
+        yield base, client, api.pid
     finally:
         if api is not None:
             api.terminate()
@@ -125,6 +128,13 @@ def main(argv=None) -> dict:
         server.terminate()
         server.wait(20)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main(argv=None) -> dict:
+    args = _parse_args(argv)
+    with running_api(args.tree) as (base, _, api_pid):
+        figures = asyncio.run(_measure(base, args.sequential, args.burst, api_pid))
+    result = {"tree": args.tree, "cpus": os.cpu_count(), **figures}
     write_json(args.out, "api_submit_latency.json", result)
     return result
 

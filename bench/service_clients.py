@@ -1,7 +1,9 @@
-"""The clients of bench/service_overhead.py: streaming POST /v1/completions with httpx, all at once
-from several processes (so that the clients are not the bottleneck) or one at a time (TTFT at low load).
+"""The clients of bench/service_overhead.py: streaming POST /v1/completions, all at once from several
+processes (so that the clients are not the bottleneck) or one at a time (TTFT at low load).
 
-Only the arrival of the response headers, of the first token and the usage trailer are parsed.
+Two kinds: "socket" (the default, bench/socket_clients.py: one write a request, the response read as raw
+bytes) and "httpx" (the load generator of the runs before session 28). Only the arrival of the response
+headers, of the first token and the usage trailer are parsed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 SERVED_NAME = "bench"
 CLIENT_PROCS = 4
+CLIENT_KINDS = ("socket", "httpx")
 
 
 def _usage_of(tail: bytes) -> dict | None:
@@ -49,12 +52,39 @@ async def _stream_one(client, base: str, prompt: list[int], max_tokens: int, bod
                 first = time.perf_counter()
             tail = (tail + chunk)[-8192:]
     end = time.perf_counter()
+    tokens = _checked_tokens(tail, max_tokens)
+    return {"start": start, "headers": headers, "first": first, "end": end, "output_tokens": tokens}
+
+
+def _checked_tokens(tail: bytes, max_tokens: int) -> int:
+    """The completion tokens the usage trailer counts; raises on an error event or any other count."""
     if b'"error"' in tail:
         raise RuntimeError(f"stream ended with an error: {tail[-500:]!r}")
     usage = _usage_of(tail)
     if usage is None or usage["completion_tokens"] != max_tokens:
         raise RuntimeError(f"expected {max_tokens} tokens, usage says {usage}")
-    return {"start": start, "headers": headers, "first": first, "end": end, "output_tokens": usage["completion_tokens"]}
+    return usage["completion_tokens"]
+
+
+async def _socket_stream(base: str, request: bytes, max_tokens: int, connection=None) -> dict:
+    """One streaming completion through bench/socket_clients.py (`connection`: opened before the clock)."""
+    from bench.socket_clients import open_connection, stream_one
+
+    times, status, payload = await stream_one(connection or await open_connection(base), request)
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {payload[:300]!r}")
+    return {**times, "output_tokens": _checked_tokens(payload[-8192:], max_tokens)}
+
+
+async def _socket_clients(base: str, jobs: list[tuple[list[int], int]], start_at: float) -> list[dict]:
+    from bench.socket_clients import open_connection, request_bytes
+
+    connections = await asyncio.gather(*(open_connection(base) for _ in jobs))
+    requests = [request_bytes(base, request_body(p, n)) for p, n in jobs]
+    await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+    return await asyncio.gather(
+        *(_socket_stream(base, r, n, c) for r, (_, n), c in zip(requests, jobs, connections, strict=True))
+    )
 
 
 async def _clients(base: str, jobs: list[tuple[list[int], int]], start_at: float, warm: bool) -> list[dict]:
@@ -74,17 +104,30 @@ async def _clients(base: str, jobs: list[tuple[list[int], int]], start_at: float
         return await asyncio.gather(*(_stream_one(client, base, p, n, b) for (p, n), b in zip(jobs, bodies)))
 
 
-def _client_proc(base: str, jobs: list[tuple[list[int], int]], start_at: float, warm: bool) -> tuple[list[dict], float]:
+def _client_proc(
+    base: str, jobs: list[tuple[list[int], int]], start_at: float, warm: bool, kind: str
+) -> tuple[list[dict], float]:
     """One client process: its share of the clients; returns their timings and its CPU seconds."""
-    rows = asyncio.run(_clients(base, jobs, start_at, warm))
+    clients = _socket_clients(base, jobs, start_at) if kind == "socket" else _clients(base, jobs, start_at, warm)
+    rows = asyncio.run(clients)
     times = os.times()
     return rows, times.user + times.system
 
 
-def sequential(base: str, prompts: list[list[int]], new_tokens: int) -> tuple[list[float], list[float]]:
+def sequential(
+    base: str, prompts: list[list[int]], new_tokens: int, kind: str = "socket"
+) -> tuple[list[float], list[float]]:
     """One request at a time: (TTFT ms, ms until the response headers) of each."""
 
     async def run() -> list[dict]:
+        if kind == "socket":
+            from bench.socket_clients import open_connection, request_bytes
+
+            rows = []
+            for p in prompts:  # each connection opened, and its request encoded, before its clock starts
+                connection, request = await open_connection(base), request_bytes(base, request_body(p, new_tokens))
+                rows.append(await _socket_stream(base, request, new_tokens, connection))
+            return rows
         import httpx
 
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
@@ -95,18 +138,20 @@ def sequential(base: str, prompts: list[list[int]], new_tokens: int) -> tuple[li
 
 
 def run_clients(
-    bases: str | list[str], jobs: list[tuple[list[int], int]], warm: bool = True
+    bases: str | list[str], jobs: list[tuple[list[int], int]], warm: bool = True, kind: str = "socket"
 ) -> tuple[list[dict], float, float]:
     """All jobs at once from CLIENT_PROCS processes: (rows, the clients' CPU seconds, wall seconds).
-    With several API replicas (bases), client process i talks to bases[i % len(bases)]. `warm`: each
-    client opens its connection and encodes its request before the common start."""
+    With several API replicas (bases), client process i talks to bases[i % len(bases)]. `warm` (httpx; the
+    socket clients always are): each client opens its connection and encodes its request before the common
+    start."""
     bases = [bases] if isinstance(bases, str) else bases
     shares = [jobs[i::CLIENT_PROCS] for i in range(CLIENT_PROCS)]
     start_at = time.perf_counter() + 2.0  # CLOCK_MONOTONIC: the same clock in every process
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(CLIENT_PROCS) as pool:
         parts = pool.starmap(
-            _client_proc, [(bases[i % len(bases)], share, start_at, warm) for i, share in enumerate(shares) if share]
+            _client_proc,
+            [(bases[i % len(bases)], share, start_at, warm, kind) for i, share in enumerate(shares) if share],
         )
     rows = [row for part, _ in parts for row in part]
     return rows, sum(cpu for _, cpu in parts), max(r["end"] for r in rows) - start_at

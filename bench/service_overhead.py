@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench.offline_throughput import MAX_NUM_BATCHED_TOKENS, NUM_SEQS, workload
-from bench.service_clients import CLIENT_PROCS, SERVED_NAME, run_clients, sequential
+from bench.service_clients import CLIENT_KINDS, CLIENT_PROCS, SERVED_NAME, run_clients, sequential
 from bench.service_processes import (
     STEM,
     cpu_s,
@@ -84,6 +84,13 @@ def _parse_args(argv=None) -> argparse.Namespace:
         "(as a deployment gives a GPU worker its cores; the load generator shares this machine only here)",
     )
     parser.add_argument(
+        "--client",
+        choices=CLIENT_KINDS,
+        default="socket",
+        help="the load generator: 'socket' (bench/socket_clients.py: one write a request, the response read as "
+        "bytes) or 'httpx' (every run before session 28; its own CPU and per-request work spread the burst)",
+    )
+    parser.add_argument(
         "--cold-clients",
         action="store_true",
         help="the clients open their connections and encode their requests on the clock, all at the start "
@@ -99,7 +106,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.cold_clients and args.client != "httpx":
+        parser.error("--cold-clients needs --client httpx (the socket clients always connect before the clock)")
+    return args
 
 
 def _warm_engine(engine) -> None:
@@ -116,7 +126,7 @@ def _offline_child(args: argparse.Namespace) -> None:
 
     from bench.engine_common import environment
     from bench.offline_throughput import build_engine, run_workload
-    from bench.step_periods import period_by_batch
+    from bench.step_periods import first_steps, period_by_batch
     from engine.sampling_params import SamplingParams
     from engine.step_timer import StepTimer
 
@@ -129,8 +139,11 @@ def _offline_child(args: argparse.Namespace) -> None:
     # bench/offline_throughput.py's is: both paths pay its events, and the first run's periods compare with the
     # worker's
     engine.runner.timer = timer = StepTimer(engine.device)
+    from bench.kernel_variants import VariantLog
+
+    variants = VariantLog()
     runs = [run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
-    periods = period_by_batch(timer.records)
+    periods, starts = period_by_batch(timer.records), first_steps(timer.records)
     for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
         engine.vocab_size, args.dry_run, args.num_seqs, args.repeats
     ):
@@ -158,6 +171,8 @@ def _offline_child(args: argparse.Namespace) -> None:
         "ttft_ms": ttfts,
         "kv_pool_tokens": engine.stats().num_total_blocks * engine.stats().block_size,
         "period_by_batch": periods,
+        "first_steps": starts,
+        "kernel_variants": variants.summary(),  # looked up in the timed runs and the TTFT requests
     }
     Path(args.result).write_text(json.dumps(result))
 
@@ -222,15 +237,15 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
             base, bases, worker = stack.bases[0], stack.bases, stack.worker
             new_tokens = shape(args.dry_run)[5]
             warm, _, warm_out = workload(vocab_size_of(directory), 8, 16, 300, seed=3)
-            run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)])
-            sequential(base, ttft_prompts[:3], new_tokens)
-            ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens)
+            run_clients(base, [(p, min(o, 16)) for p, o in zip(warm, warm_out, strict=True)], kind=args.client)
+            sequential(base, ttft_prompts[:3], new_tokens, args.client)
+            ttfts, headers_ms = sequential(base, ttft_prompts, new_tokens, args.client)
             pids = {"api": [a.pid for a in stack.apis], "worker": [worker.pid], "redis": [stack.redis.pid]}
             cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
             profiler = start_profiler(worker.pid, out)
             worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
             jobs = list(zip(prompts, output_lens, strict=True))
-            rows, client_cpu, elapsed = run_clients(bases, jobs, not args.cold_clients)
+            rows, client_cpu, elapsed = run_clients(bases, jobs, not args.cold_clients, args.client)
             cpu = {name: sum(map(cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
             worker.send_signal(signal.SIGUSR2)
             stop_profiler(profiler)
@@ -240,7 +255,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
                 vocab_size_of(directory), args.dry_run, args.num_seqs, args.repeats
             ):
                 more_rows, _, more_elapsed = run_clients(
-                    bases, list(zip(more_prompts, more_output_lens, strict=True)), not args.cold_clients
+                    bases, list(zip(more_prompts, more_output_lens, strict=True)), not args.cold_clients, args.client
                 )
                 runs.append(run_figures(seed, more_elapsed, more_prompt_lens, [r["output_tokens"] for r in more_rows]))
             stack.service.check()
@@ -265,6 +280,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "cpu_s": {**cpu, "clients": client_cpu},
         "cpu_frac_of_elapsed": {name: s / elapsed for name, s in {**cpu, "clients": client_cpu}.items()},
         "client_procs": CLIENT_PROCS,
+        "client": args.client,
         "api_replicas": args.api_replicas,
         "warm_clients": not args.cold_clients,
         "batch_window_ms": args.batch_window_ms,
@@ -342,6 +358,7 @@ def main(argv=None) -> dict | None:
     stem = STEM if args.api_replicas == 1 else f"{STEM}_{args.api_replicas}api"
     stem += "_isolated" if args.isolate_worker else ""
     stem += "_cold_clients" if args.cold_clients else ""
+    stem += "_httpx" if args.client == "httpx" else ""
     write_results(out, stem, results, markdown(results))
     print(json.dumps(results, indent=1), flush=True)
     print(markdown(results), flush=True)

@@ -63,6 +63,13 @@ def _gc_text(phases: dict) -> str:
     )
 
 
+def _client_words(svc: dict) -> str:
+    """The load generator: results before session 28 used httpx and do not say so."""
+    if svc.get("client", "httpx") == "httpx":
+        return "httpx clients"
+    return "socket clients (bench/socket_clients.py: one write a request, the response read as bytes)"
+
+
 def periods_lines(offline: list[dict] | None, service: list[dict] | None) -> list[str]:
     """Both paths' seed-0 steps by batch size (bench/step_periods.py): where the device waited for the host.
     Results written before session 27 have neither."""
@@ -71,6 +78,27 @@ def periods_lines(offline: list[dict] | None, service: list[dict] | None) -> lis
     if not offline or not service:
         return []
     return [*period_markdown("Offline engine", offline), "", *period_markdown("Service worker", service), ""]
+
+
+def first_steps_lines(off: dict, svc: dict) -> list[str]:
+    """Both paths' first seed-0 steps one by one (bench/step_periods.py) and the Triton kernel variants each
+    looked up while timed (bench/kernel_variants.py); results before session 28 have neither."""
+    from bench.step_periods import first_steps_markdown
+
+    phases = svc.get("worker_phases") or {}
+    if not off.get("first_steps") or not phases.get("first_steps"):
+        return []
+    lines = [*first_steps_markdown("Offline engine", off["first_steps"]), "",
+             *first_steps_markdown("Service worker", phases["first_steps"]), ""]  # fmt: skip
+    off_v, svc_v = off.get("kernel_variants"), phases.get("kernel_variants")
+    if off_v and svc_v:
+        lines += [
+            "Triton kernel variants looked up (built or loaded from the disk cache) while timed: offline engine "
+            f"{off_v['count']} ({off_v['seconds']:.3f} s; its throughput runs and TTFT requests) {off_v['first']}, "
+            f"worker {svc_v['count']} ({svc_v['seconds']:.3f} s; its throughput run) {svc_v['first']}.",
+            "",
+        ]
+    return lines
 
 
 def repeats_line(r: dict) -> str:
@@ -114,7 +142,7 @@ def markdown(r: dict) -> str:
         f"lengths uniform in [{w['min_len']}, {w['max_len']}], random token ids, ignore_eos, greedy; max_num_seqs "
         f"{w['max_num_seqs']}, max_num_batched_tokens {w['max_num_batched_tokens']}. The service gets the workload "
         f"from {w['num_seqs']} concurrent streaming clients (POST /v1/completions, token-id prompts, "
-        f"{svc['client_procs']} client processes, "
+        f"{svc['client_procs']} client processes of {_client_words(svc)}, "
         + (
             "each client's connection opened and its request encoded before the clock starts"
             if svc.get("warm_clients")
@@ -161,4 +189,5 @@ def markdown(r: dict) -> str:
         timeline_line(svc.get("timeline_s")),
         "",
         *periods_lines(off.get("period_by_batch"), (svc.get("worker_phases") or {}).get("period_by_batch")),
+        *first_steps_lines(off, svc),
     ])  # fmt: skip

@@ -47,3 +47,33 @@ def period_markdown(label: str, groups: list[dict]) -> list[str]:
         lines.append(f"| {g['seqs']} | {g['steps']} | {g['period_ms'] / 1e3:.3f} | {g['gpu_ms'] / 1e3:.3f} | "
                      f"{g['host_ms'] / 1e3:.3f} | {g['period_over_gpu_ms'] / 1e3:.3f} |")  # fmt: skip
     return lines
+
+
+# Steps listed one by one at the start of a run: the service's first steps (a burst still arriving, the
+# worker's first admissions) took 36-46 ms of runner host time in 1-3 one-sequence steps where the offline
+# engine's first steps took ~1 ms each (bench/results/h100/session27/); the groups above cannot say which.
+FIRST_STEPS = 8
+
+
+def first_steps(records: list, n: int = FIRST_STEPS) -> list[dict]:
+    """The run's first n steps, each: sequences, tokens, graphed, period (ms; None for the run's last step),
+    GPU time, runner host time and the wait for its tokens (ms)."""
+    rows = []
+    for i, step in enumerate(records[:n]):
+        after = records[i + 1] if i + 1 < len(records) else None
+        rows.append({"seqs": step.num_seqs, "tokens": step.num_tokens, "graphed": step.graphed,
+                     "period_ms": None if after is None else (after.started_s - step.started_s) * 1e3,
+                     "gpu_ms": step.gpu_ms, "host_ms": step.host_s * 1e3, "wait_ms": step.wait_s * 1e3})  # fmt: skip
+    return rows
+
+
+def first_steps_markdown(label: str, rows: list[dict]) -> list[str]:
+    """A table of first_steps' rows, in ms."""
+    lines = [f"{label}: the first {len(rows)} steps (ms)", "",
+             "| step | sequences | tokens | graphed | period | GPU | runner host | token wait |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for i, r in enumerate(rows):
+        period = "-" if r["period_ms"] is None else f"{r['period_ms']:.2f}"
+        lines.append(f"| {i} | {r['seqs']} | {r['tokens']} | {'yes' if r['graphed'] else 'no'} | {period} | "
+                     f"{r['gpu_ms']:.2f} | {r['host_ms']:.2f} | {r['wait_ms']:.2f} |")  # fmt: skip
+    return lines

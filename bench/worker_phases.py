@@ -39,6 +39,9 @@ class WorkerPhases:
         worker.publisher.submit = self._timed("publisher.submit", worker.publisher.submit)
         loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
+        from bench.kernel_variants import VariantLog
+
+        self.variants = VariantLog()
         self.started = time.perf_counter()
         self.first_step_at: float | None = None
         self.last_step_at: float | None = None
@@ -90,6 +93,7 @@ class WorkerPhases:
         return marked
 
     def reset(self) -> None:
+        self.variants.clear()
         self.totals.clear()
         self.calls.clear()
         self.timer.records.clear()
@@ -99,7 +103,7 @@ class WorkerPhases:
         self.gc_s, self.gc_count = [0.0, 0.0, 0.0], [0, 0, 0]
 
     def summary(self) -> dict:
-        from bench.step_periods import period_by_batch
+        from bench.step_periods import first_steps, period_by_batch
 
         records = self.timer.records
         step_s = self.totals.get("engine.step", 0.0)
@@ -126,6 +130,8 @@ class WorkerPhases:
                 sum(r.num_seqs for r in records if r.graphed) / max(1, sum(1 for r in records if r.graphed))
             ),
             "period_by_batch": period_by_batch(records),
+            "first_steps": first_steps(records),
+            "kernel_variants": self.variants.summary(),
         }
 
     def write(self) -> None:

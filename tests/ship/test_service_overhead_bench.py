@@ -1,6 +1,6 @@
 """bench/service_overhead.py's dry run on the CPU: the offline engine, then the whole service (a private
 redis-server, the worker with the tiny shape, the API, streaming clients) over the same workload; every path
-reports its figures, and both report their steps by batch size (bench/step_periods.py)."""
+reports its figures, and both report their steps by batch size and their first steps (bench/step_periods.py)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,10 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     phases = result["service"]["worker_phases"]["phases_s"]  # the after-step split: building and handing over
     assert phases["events_for_outputs"] > 0 and phases["publisher.submit"] > 0
     assert "handing batches to the publisher" in text
+    # the default load generator, and both paths' first steps one by one
+    assert result["service"]["client"] == "socket" and "socket clients" in text
+    offline_first = result["offline"]["first_steps"]
+    service_first = result["service"]["worker_phases"]["first_steps"]
+    assert 0 < len(offline_first) <= 8 and 0 < len(service_first) <= 8
+    assert all(row["seqs"] > 0 and row["tokens"] >= row["seqs"] for row in offline_first + service_first)
+    assert "Service worker: the first" in text and "Triton kernel variants looked up" in text
