@@ -7,6 +7,7 @@ import time
 
 from redis.asyncio import Redis
 
+from api.background_refresh import BackgroundRefresh
 from api.errors import SERVER_ERROR, ApiError
 from worker.protocol import Keys, ModelInfo, WorkerHeartbeat
 
@@ -22,16 +23,25 @@ class ModelRegistry:
         self.served_model_name = served_model_name
         self._info: ModelInfo | None = None
         self._read_at = float("-inf")
+        self._refresher = BackgroundRefresh(self._read, "the model record")
 
     async def info(self) -> ModelInfo | None:
+        """The served model's record, read at most every CACHE_S; a known one answers at once while a
+        task re-reads it (api/background_refresh.py says why), an unknown one is waited for."""
         if time.monotonic() - self._read_at > CACHE_S:
-            raw = await self.redis.get(self.keys.model)
-            try:
-                self._info = ModelInfo.from_json(raw) if raw else None
-            except (ValueError, TypeError):
-                self._info = None
-            self._read_at = time.monotonic()
+            if self._info is None:
+                await self._read()
+            else:
+                self._refresher.start()
         return self._info
+
+    async def _read(self) -> None:
+        raw = await self.redis.get(self.keys.model)
+        try:
+            self._info = ModelInfo.from_json(raw) if raw else None
+        except (ValueError, TypeError):
+            self._info = None
+        self._read_at = time.monotonic()
 
     def names(self, info: ModelInfo) -> list[str]:
         """Names a request may use: the configured served name first, then the workers' own."""

@@ -34,6 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from redis.asyncio import Redis
 from tokenizers import Tokenizer
 
+from api.background_refresh import BackgroundRefresh
 from api.errors import bad_request
 
 log = logging.getLogger("inferq.api")
@@ -118,10 +119,21 @@ class TokenizerCache:
         self._current: PromptTokenizer | None = None
         self._checked_at = float("-inf")
         self._lock = anyio.Lock()
+        self._redis: Redis | None = None  # the client of the last get, for the background re-check
+        self._refresher = BackgroundRefresh(lambda: self._refresh(self._redis), "the published tokenizer")
 
     async def get(self, redis: Redis) -> PromptTokenizer | None:
+        """The tokenizer, re-checked at most every REFRESH_INTERVAL_S; a loaded one answers at once while a
+        task re-checks it (api/background_refresh.py says why), a missing one is waited for."""
         if time.monotonic() - self._checked_at < REFRESH_INTERVAL_S:
             return self._current
+        if self._current is None:
+            return await self._refresh(redis)
+        self._redis = redis
+        self._refresher.start()
+        return self._current
+
+    async def _refresh(self, redis: Redis) -> PromptTokenizer | None:
         async with self._lock:
             if time.monotonic() - self._checked_at < REFRESH_INTERVAL_S:
                 return self._current
