@@ -36,6 +36,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default="Qwen3-0.6B")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
     parser.add_argument("--idle-s", type=float, default=2.0, help="the host's sleep before an 'after idle' step")
+    parser.add_argument("--profile", default=None, help="cProfile 5 steps of this shape (e.g. '1 x 886') instead")
     return parser.parse_args(argv)
 
 
@@ -82,6 +83,28 @@ def measure(engine, idle_s: float) -> list[dict]:
     return rows
 
 
+def _profile(engine, lens: list[int], out: Path) -> dict:
+    """cProfile over REPEATS steps of one shape (after one unprofiled): the functions with the most own time."""
+    import cProfile
+    import io
+    import pstats
+
+    rng = random.Random(1)
+    _one_step(engine, lens, rng)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    rows = [_one_step(engine, lens, rng) for _ in range(REPEATS)]
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(45)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prefill_step_profile.txt").write_text(f"{rows}\n{text.getvalue()}")
+    print(rows, text.getvalue()[:6000], flush=True)
+    return {"rows": rows}
+
+
 def markdown(result: dict) -> str:
     lines = ["# Eager prefill steps: host launch time against the kernels' own GPU time", "",
              f"{result['meta']['date']} · {result['meta']['gpu']} · torch {result['meta']['torch']} · triton "
@@ -110,6 +133,8 @@ def main(argv=None) -> dict:
     device = torch.device("cuda")
     engine = build_engine(Path(model_dir(args.model)), device, dry_run=False)
     engine.runner.timer = StepTimer(engine.device)
+    if args.profile:
+        return _profile(engine, dict(SHAPES)[args.profile], Path(args.out))
     result = {"meta": environment(device), "model": args.model, "idle_s": args.idle_s,
               "rows": measure(engine, args.idle_s)}  # fmt: skip
     write_results(Path(args.out), "prefill_step_costs", result, markdown(result))
