@@ -4,7 +4,12 @@ per token bucket of small mixed steps (prefill chunks with or without decodes).
 Why mixed steps too: an eager forward launches ~10 kernels a layer from Python, and on the
 H100 machine that host work (~20 ms for a 28-layer model) dwarfed the GPU work of a short
 prompt (~1-2 ms). A graph replays all of them with one launch, so a 128-token prompt's
-first token no longer waits on Python. Long prefills stay eager: their GPU time hides it.
+first token no longer waits on Python. Up to 8,192 tokens (the default step budget): it was
+taken that long prefills' GPU time hides their launches, and for a small model it does not.
+Qwen3-0.6B's eager steps took 18-30 ms of host launch time against kernels of 3.1 ms
+(886 tokens), 5.9 ms (2,000) and 16.8 ms (8,192 over 15 sequences) (H100,
+bench/results/h100/session28/prefill_step_costs.md); in the service such steps, of the
+prompts of a burst still arriving, ran at 34-41 ms each.
 
 A step runs the graph of the smallest bucket that holds it; padding writes no KV (slot -1)
 and reads none:
@@ -34,8 +39,11 @@ V = vocabulary.
 
 Buckets: decode 1, 2, 4, 8, then every multiple of 8 up to the largest decode batch (and that
 largest size itself), so padding wastes at most 7 rows (vLLM's choice); mixed 16, 32, 64,
-96, 128, 192, 256, 384, 512 tokens (and the step's token budget where it is smaller): a
-padded token costs little below ~512, where the linear layers still stream their weights.
+96, 128, 192, 256, 384, 512 tokens, where a padded token costs little (the linear layers
+still stream their weights), then steps of 128 to 1,024, of 256 to 2,048 and of 512 to
+8,192, where padding is compute: at most a quarter of a bucket's tokens up to 2,048 and a
+fifth beyond (an eighth from 4,096), against the eager launches' ~10-20 ms (and the step's
+token budget where it is smaller). Steps over 8,192 tokens (a larger max_num_batched_tokens) run eagerly.
 
 NOTE: capture needs every kernel compiled and every library handle created first, so each
 bucket runs once eagerly before its capture; all graphs share one memory pool and are
@@ -63,7 +71,12 @@ from engine.input_batch import InputBatch
 
 logger = logging.getLogger(__name__)
 
-MIXED_TOKEN_SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512)
+MIXED_TOKEN_SIZES = (
+    (16, 32, 64, 96, 128, 192, 256, 384, 512)
+    + tuple(range(640, 1025, 128))
+    + tuple(range(1280, 2049, 256))
+    + tuple(range(2560, 8193, 512))
+)
 MAX_MIXED_GRAPH_TOKENS = MIXED_TOKEN_SIZES[-1]
 
 Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decode bucket

@@ -37,7 +37,8 @@ from tests.engine.gpu_checkpoints import tiny_checkpoint_factory
 ON_GPU = torch.cuda.is_available()
 MAX_NUM_SEQS = 16
 SMALL = dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=256)  # steps within the captured buckets
-SERVED = dict(max_num_seqs=256, max_num_batched_tokens=8192)  # the engine's defaults: steps over 512 tokens run eagerly
+# A budget over the largest mixed graph (8,192 tokens, engine/cuda_graphs.py): the steps over it run eagerly.
+OVER_GRAPHS = dict(max_num_seqs=256, max_num_batched_tokens=16384)
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +109,16 @@ def serve_varied_steps(engine: LLMEngine) -> None:
 
 
 def serve_eager_steps(engine: LLMEngine) -> None:
-    """Steps over the largest mixed graph (512 tokens), which run eagerly: prefills of several prompts whose
-    token counts are and are not multiples of 16, of one prompt and of an odd number of them, and prompts
-    arriving while others decode."""
+    """Steps over the largest mixed graph (8,192 tokens), which run eagerly: prefills whose token counts are
+    and are not multiples of 16, of an even and an odd number of prompts, and prompts arriving while others
+    decode (the tiny checkpoints hold 1,024 positions, so each step has at least nine prompts)."""
     vocab = engine.vocab_size
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    for lengths in ((1000,), (992,), (600, 901, 777, 1000, 850), (640, 704, 832, 960)):
-        prompts = [random_prompts(1, vocab, n, n, seed=n)[0] for n in lengths]
+    for lengths in ((1000,) * 9, (992,) * 9, (600, 901, 777, 1000, 850, 1000, 999, 1000, 1000, 1000, 1000)):
+        prompts = [random_prompts(1, vocab, n, n, seed=i * 1024 + n)[0] for i, n in enumerate(lengths)]
         run_staggered(engine, prompts, greedy)
     prompts = random_prompts(40, vocab, 500, 1000, seed=9)
-    run_staggered(engine, prompts, greedy, arrival_steps=[i // 4 for i in range(40)])
+    run_staggered(engine, prompts, greedy, arrival_steps=[i // 12 for i in range(40)])
 
 
 def _engine(kind_dir: Path, scheduler: dict, enforce_eager: bool = False) -> LLMEngine:
@@ -147,14 +148,14 @@ def test_a_started_engine_compiles_no_kernel_while_serving(kind: str, tiny_ckpt:
 
 
 @needs_gpu
-def test_eager_steps_of_the_served_config_compile_no_kernel(tiny_ckpt: Callable[[str], Path]) -> None:
-    """The engine's default limits: steps over 512 tokens run eagerly, at any token and sequence count. Their
-    kernels take the same variants as the captured buckets' (a token count of 1, a multiple of 16 or other):
-    this passed with no warm-up added for it (H100, bench/results/h100/compiles_session23/, calls 7 and 15);
-    kept as the guard of that coverage should the buckets change."""
+def test_eager_steps_over_the_largest_graph_compile_no_kernel(tiny_ckpt: Callable[[str], Path]) -> None:
+    """A step budget over the largest mixed graph: steps over 8,192 tokens run eagerly, at any token and sequence
+    count. Their kernels take the same variants as the captured buckets' (a token count of 1, a multiple of 16 or
+    other): this passed with no warm-up added for it when the largest graph held 512 tokens (H100,
+    bench/results/h100/compiles_session23/, calls 7 and 15); kept as the guard of that coverage."""
     forget_built_kernels()
     with CompileLog() as log:
-        engine = _engine(tiny_ckpt("llama"), SERVED)
+        engine = _engine(tiny_ckpt("llama"), OVER_GRAPHS)
         at_start = len(log.variants)
         serve_eager_steps(engine)
     assert_none_after_start(log, at_start)

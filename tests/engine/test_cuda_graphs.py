@@ -73,7 +73,17 @@ def test_mixed_capture_sizes_stop_at_the_token_budget() -> None:
     assert mixed_capture_sizes(2) == [2]
     assert mixed_capture_sizes(64) == [16, 32, 64]
     assert mixed_capture_sizes(100) == [16, 32, 64, 96, 100]
-    assert mixed_capture_sizes(8192) == [16, 32, 64, 96, 128, 192, 256, 384, 512]
+    small = [16, 32, 64, 96, 128, 192, 256, 384, 512]
+    assert mixed_capture_sizes(1000) == [*small, 640, 768, 896, 1000]
+    # the default budget: steps of 128 to 1,024, of 256 to 2,048, of 512 to 8,192 (padding at most a quarter, then
+    # an eighth, of a step)
+    large = [640, 768, 896, 1024, 1280, 1536, 1792, 2048, *range(2560, 8193, 512)]
+    assert mixed_capture_sizes(8192) == [*small, *large]
+    assert mixed_capture_sizes(16384) == [*small, *large]  # steps over 8,192 tokens run eagerly
+    sizes = mixed_capture_sizes(8192)
+    for smaller, larger in zip(sizes[8:], sizes[9:], strict=False):
+        padded = larger - (smaller + 1)  # the most padding: a step one token over the smaller bucket
+        assert padded / larger <= (0.25 if larger <= 2048 else 0.2)
 
 
 def test_bucket_is_the_smallest_that_fits(tiny_ckpt: Callable[[str], Path]) -> None:
@@ -88,7 +98,10 @@ def test_bucket_is_the_smallest_that_fits(tiny_ckpt: Callable[[str], Path]) -> N
     assert graphs.bucket_for(2, 1) == (16, 15)  # fewer sequences than tokens: never a decode bucket
     assert graphs.bucket_for(17, 3) == (32, 20)
     assert graphs.bucket_for(512, 20) == (512, 20)
-    assert graphs.bucket_for(513, 20) is None  # long prefills run eagerly
+    assert graphs.bucket_for(513, 20) == (640, 20)
+    # the largest bucket this engine's block table holds: 20 warm-up sequences of 64 tokens at most
+    assert graphs.mixed_sizes[-1] == 1280 and graphs.bucket_for(1280, 20) == (1280, 20)
+    assert graphs.bucket_for(1281, 20) is None  # longer steps run eagerly
     graphs.enabled = False
     assert graphs.bucket_for(1, 1) is None and graphs.bucket_for(16, 2) is None
     # Buckets whose warm-up sequences (T_b tokens over S_b of them) would overflow the block table are left out.
@@ -232,12 +245,14 @@ def _cuda_engine(
     max_num_seqs: int = 16,
     async_scheduling: bool | None = None,
     kernels: str = "auto",
+    max_num_batched_tokens: int = 256,
+    num_kv_tokens: int = 4096,
 ) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model=ModelConfig(model=str(model_dir), dtype="float32"),
-            cache=CacheConfig(num_kv_tokens=4096),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256),
+            cache=CacheConfig(num_kv_tokens=num_kv_tokens),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
             device="cuda",
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
@@ -319,3 +334,28 @@ def test_sampling_kernel_gives_the_reference_samplers_tokens(tiny_ckpt: Callable
     params = mixed_sampling_params(max_tokens=24)
     reference = run_staggered(_cuda_engine(model_dir, enforce_eager=True, kernels="torch"), prompts, params)
     assert run_staggered(_cuda_engine(model_dir, enforce_eager=False), prompts, params) == reference
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_large_mixed_buckets_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
+    """Steps of 640 to 8,192 tokens (long prompts together, and arriving while others decode) replay the large
+    mixed buckets' graphs, padded with up to a quarter of their tokens, and give the unpadded eager engine's
+    tokens and logprobs."""
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(12, 49152, 300, 1000, seed=21)
+    arrivals = [0, 0, 0, 1, 1, 2, 4, 4, 4, 4, 6, 9]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    large = dict(max_num_batched_tokens=8192, num_kv_tokens=16384)
+    reference = run_with_logprobs(
+        _unpadded_eager_engine(model_dir, async_scheduling=False, **large), prompts, params, arrivals
+    )
+    engine = _cuda_engine(model_dir, enforce_eager=False, **large)
+    graphs = engine.runner.graphs
+    assert graphs.capture and graphs.mixed_sizes[-1] == 8192
+    buckets: list[tuple[int, int]] = []
+    run = graphs.run
+    graphs.run = lambda bucket, greedy=False: (buckets.append(bucket), run(bucket, greedy))[1]
+    assert_same_outputs(run_with_logprobs(engine, prompts, params, arrivals), reference, tol=1e-4)
+    large_steps = sorted({t for t, s in buckets if t != s and t > 512})
+    assert len(large_steps) >= 2, buckets  # several large buckets replayed, not only one
