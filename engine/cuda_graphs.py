@@ -9,7 +9,7 @@ taken that long prefills' GPU time hides their launches, and for a small model i
 Qwen3-0.6B's eager steps took 18-30 ms of host launch time against kernels of 3.1 ms
 (886 tokens), 5.9 ms (2,000) and 16.8 ms (8,192 over 15 sequences) (H100,
 bench/results/h100/session28/prefill_step_costs.md); in the service such steps, of the
-prompts of a burst still arriving, ran at 34-41 ms each.
+prompts of a burst still arriving, ran at 34-54 ms each.
 
 A step runs the graph of the smallest bucket that holds it; padding writes no KV (slot -1)
 and reads none:
