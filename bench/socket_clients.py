@@ -50,6 +50,8 @@ def dechunk(body: bytes) -> bytes:
 
 def split_response(raw: bytes) -> tuple[int, bytes]:
     """(status code, payload) of a whole HTTP/1.1 response as read off the socket."""
+    if not raw.startswith(b"HTTP/"):
+        raise RuntimeError(f"no HTTP response, the connection gave {raw[:100]!r}")
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])

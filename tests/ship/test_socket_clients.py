@@ -28,6 +28,11 @@ def test_split_response_reads_status_and_payload_chunked_or_not() -> None:
     assert split_response(plain) == (400, b'{"error":1}')
 
 
+def test_split_response_refuses_a_connection_closed_without_a_response() -> None:
+    with pytest.raises(RuntimeError, match="no HTTP response"):
+        split_response(b"")
+
+
 def test_request_bytes_frame_the_body() -> None:
     request = request_bytes("http://127.0.0.1:8123", b'{"a": 1}')
     head, _, body = request.partition(b"\r\n\r\n")
