@@ -82,7 +82,8 @@ def main(argv=None) -> dict:
                 started = asyncio.run(burst(base, bodies))
                 arrived = sorted(int(mid.split(b"-")[0]) / 1000 - started for mid, _ in client.xrange(stream))
                 ms = [a * 1000 for a in arrived]
-                rounds.append({"client": kind, "first_ms": ms[0], "median_ms": ms[len(ms) // 2], "last_ms": ms[-1]})
+                rounds.append({"client": kind, "messages": len(ms), "first_ms": ms[0], "median_ms": ms[len(ms) // 2],
+                               "last_ms": ms[-1]})  # fmt: skip
                 print(json.dumps(rounds[-1]), flush=True)
     result = {"requests": args.requests, "cpus": os.cpu_count(), "rounds": rounds}
     write_json(args.out, "burst_arrival.json", result)
