@@ -37,6 +37,9 @@ class WorkerPhases:
         from worker import loop as loop_module
 
         worker.publisher.submit = self._timed("publisher.submit", worker.publisher.submit)
+        # Inside _finish_step_reads: the replies' wait alone (the rest parses new messages and resolves cancels).
+        # Session 28 saw 0.28-0.50 s a run in _finish_step_reads on H100 hosts without knowing the wait's share.
+        worker.step_reads.receive = self._timed("step_reads.receive", worker.step_reads.receive)
         loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         from bench.kernel_variants import VariantLog

@@ -23,6 +23,8 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert "Offline engine: steps by batch size" in text and "Service worker: steps by batch size" in text
     phases = result["service"]["worker_phases"]["phases_s"]  # the after-step split: building and handing over
     assert phases["events_for_outputs"] > 0 and phases["publisher.submit"] > 0
+    assert 0 < phases["step_reads.receive"] <= phases["_finish_step_reads"]  # the replies' wait, inside
+    assert "reading the replies off the socket" in text
     assert "handing batches to the publisher" in text
     # the default load generator, and both paths' first steps one by one
     assert result["service"]["client"] == "socket" and "socket clients" in text
