@@ -70,3 +70,52 @@ def test_stream_one_times_headers_and_first_token_from_a_real_socket() -> None:
     assert status == 200 and payload == b'data: {"choices": [{"text": "hi"}]}\n\n'
     assert times["start"] < times["headers"] < times["first"] <= times["end"]
     assert times["first"] - times["headers"] >= 0.09  # the first token is the second write's, not the headers'
+
+
+def _fake_completion_server(events: list[bytes], status: bytes = b"200 OK"):
+    """An HTTP/1.1 server that answers any request with these SSE events (chunked), then closes."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        await reader.readexactly(next(int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length")))
+        writer.write(b"HTTP/1.1 " + status + b"\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n"
+                     b"connection: close\r\n\r\n")  # fmt: skip
+        for event in events:
+            writer.write(b"%x\r\n" % len(event) + event + b"\r\n")
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    return asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+TOKENS = [b'data: {"choices": [{"text": "t%d"}]}\n\n' % i for i in range(3)]
+USAGE = b'data: {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}\n\n'
+
+
+@pytest.mark.parametrize("kind", ["socket", "httpx"])
+def test_both_client_kinds_check_the_usage_trailer(kind: str) -> None:
+    """bench/service_clients.py's two load generators read the same stream the same way: the token count from
+    the usage trailer must match max_tokens, and an error event fails the stream."""
+    from bench import service_clients
+
+    async def one(events: list[bytes], max_tokens: int) -> dict:
+        server = await _fake_completion_server(events)
+        port = server.sockets[0].getsockname()[1]
+        base = f"http://127.0.0.1:{port}"
+        async with server:
+            if kind == "socket":
+                return await service_clients._socket_stream(base, request_bytes(base, b"{}"), max_tokens)
+            import httpx
+
+            async with httpx.AsyncClient() as client:
+                return await service_clients._stream_one(client, base, [1, 2], max_tokens)
+
+    row = asyncio.run(one([*TOKENS, USAGE, b"data: [DONE]\n\n"], 3))
+    assert row["output_tokens"] == 3 and row["start"] < row["headers"] <= row["first"] <= row["end"]
+    with pytest.raises(RuntimeError, match="expected 4 tokens"):
+        asyncio.run(one([*TOKENS, USAGE], 4))
+    with pytest.raises(RuntimeError, match="error"):
+        asyncio.run(one([TOKENS[0], b'data: {"error": {"message": "boom"}}\n\n'], 3))
