@@ -19,27 +19,27 @@ log = logging.getLogger("inferq.api")
 
 class BackgroundRefresh:
     """Args:
-    refresh: re-reads the cache (its errors are logged, and the cache keeps what it had).
+    refresh: re-reads the cache, from start()'s arguments (its errors are logged; the cache keeps what it had).
     what: the cache's name, for the log.
     """
 
-    def __init__(self, refresh: Callable[[], Awaitable[None]], what: str) -> None:
+    def __init__(self, refresh: Callable[..., Awaitable[object]], what: str) -> None:
         self._refresh = refresh
         self._what = what
         self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
-        """Starts a refresh unless one is running."""
+    def start(self, *args: object) -> None:
+        """Starts refresh(*args) unless a refresh is running."""
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = asyncio.get_running_loop().create_task(self._run(args))
 
-    async def _run(self) -> None:
+    async def _run(self, args: tuple) -> None:
         try:
-            await self._refresh()
+            await self._refresh(*args)
         except Exception as exc:  # a failed re-read leaves the cached value; the next stale read retries
             log.warning("refreshing %s failed: %s", self._what, exc)
 
     async def wait(self) -> None:
-        """Until the running refresh (if any) is over (tests, shutdown)."""
+        """Until the running refresh (if any) is over (the tests read what it left)."""
         if self._task is not None:
             await asyncio.shield(self._task)

@@ -119,8 +119,7 @@ class TokenizerCache:
         self._current: PromptTokenizer | None = None
         self._checked_at = float("-inf")
         self._lock = anyio.Lock()
-        self._redis: Redis | None = None  # the client of the last get, for the background re-check
-        self._refresher = BackgroundRefresh(lambda: self._refresh(self._redis), "the published tokenizer")
+        self._refresher = BackgroundRefresh(self._refresh, "the published tokenizer")
 
     async def get(self, redis: Redis) -> PromptTokenizer | None:
         """The tokenizer, re-checked at most every REFRESH_INTERVAL_S; a loaded one answers at once while a
@@ -129,8 +128,7 @@ class TokenizerCache:
             return self._current
         if self._current is None:
             return await self._refresh(redis)
-        self._redis = redis
-        self._refresher.start()
+        self._refresher.start(redis)
         return self._current
 
     async def _refresh(self, redis: Redis) -> PromptTokenizer | None:

@@ -141,7 +141,7 @@ def _offline_child(args: argparse.Namespace) -> None:
     engine.runner.timer = timer = StepTimer(engine.device)
     from bench.kernel_variants import VariantLog
 
-    variants = VariantLog()
+    variants = VariantLog().install()
     runs = [run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
     periods, starts = period_by_batch(timer.records), first_steps(timer.records)
     for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(

@@ -44,7 +44,7 @@ class WorkerPhases:
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         from bench.kernel_variants import VariantLog
 
-        self.variants = VariantLog()
+        self.variants = VariantLog().install()
         self.started = time.perf_counter()
         self.first_step_at: float | None = None
         self.last_step_at: float | None = None

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import pytest
 import torch
 
 import kernels
+from bench.kernel_variants import VariantLog
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -44,39 +44,6 @@ OVER_GRAPHS = dict(max_num_seqs=256, max_num_batched_tokens=16384)
 @pytest.fixture(scope="module")
 def tiny_ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return tiny_checkpoint_factory(request, tmp_path_factory)
-
-
-class CompileLog:
-    """The kernel variants Triton had to build (or load from its disk cache), in order: each kernel's name,
-    the arguments it specialized (16-byte alignment, a value of 1) and its constexprs."""
-
-    def __init__(self) -> None:
-        self.variants: list[str] = []
-        self.seconds: list[float] = []  # each variant's build (or disk-cache load) time
-
-    def __enter__(self) -> CompileLog:
-        import triton
-
-        runtime = triton.knobs.runtime
-        self._before = runtime.jit_cache_hook, runtime.jit_post_compile_hook
-        runtime.jit_cache_hook, runtime.jit_post_compile_hook = self._record, self._built
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import triton
-
-        triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook = self._before
-
-    def _built(self, **_) -> None:
-        self.seconds.append(time.perf_counter() - self._started)
-
-    def _record(self, *, fn, compile: dict, **_) -> None:  # noqa: A002 - Triton's keywords
-        names = fn.jit_function.arg_names
-        specialized = {names[i[0]]: v for i, v in compile["configs"][0].items()}  # alignment, == 1
-        constexprs = {names[i[0]]: v for i, v in compile["constants"].items() if i[0] < len(names)}
-        self.variants.append(f"{fn.name} specialized={specialized} constexprs={constexprs}")
-        self._started = time.perf_counter()
-        # returns None: Triton goes on to compile
 
 
 def forget_built_kernels() -> None:
@@ -140,7 +107,7 @@ needs_gpu = pytest.mark.skipif(not ON_GPU, reason="Triton compiles for a CUDA GP
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_a_started_engine_compiles_no_kernel_while_serving(kind: str, tiny_ckpt: Callable[[str], Path]) -> None:
     forget_built_kernels()
-    with CompileLog() as log:
+    with VariantLog() as log:
         engine = _engine(tiny_ckpt(kind), SMALL)
         at_start = len(log.variants)
         serve_varied_steps(engine)
@@ -154,7 +121,7 @@ def test_eager_steps_over_the_largest_graph_compile_no_kernel(tiny_ckpt: Callabl
     other): this passed with no warm-up added for it when the largest graph held 512 tokens (H100,
     bench/results/h100/compiles_session23/, calls 7 and 15); kept as the guard of that coverage."""
     forget_built_kernels()
-    with CompileLog() as log:
+    with VariantLog() as log:
         engine = _engine(tiny_ckpt("llama"), OVER_GRAPHS)
         at_start = len(log.variants)
         serve_eager_steps(engine)
@@ -168,14 +135,14 @@ def test_an_eager_engine_compiles_no_kernel_while_serving(tiny_ckpt: Callable[[s
     of compiles, while serving: decode attention and its merge take the split count, which follows the
     batch size, as a constexpr, and RMSNorm its row count's class."""
     forget_built_kernels()
-    with CompileLog() as log:
+    with VariantLog() as log:
         engine = _engine(tiny_ckpt("llama"), SMALL, enforce_eager=True)
         at_start = len(log.variants)
         serve_varied_steps(engine)
     assert_none_after_start(log, at_start)
 
 
-def assert_none_after_start(log: CompileLog, at_start: int) -> None:
+def assert_none_after_start(log: VariantLog, at_start: int) -> None:
     assert at_start > 0  # the log sees Triton's compiles at all
     after_start = [f"{v} ({s:.2f} s)" for v, s in zip(log.variants[at_start:], log.seconds[at_start:], strict=False)]
     assert not after_start, f"{len(after_start)} kernel variants built while serving:\n" + "\n".join(after_start)
