@@ -140,9 +140,14 @@ def _offline_child(args: argparse.Namespace) -> None:
     # worker's
     engine.runner.timer = timer = StepTimer(engine.device)
     from bench.kernel_variants import VariantLog
+    from bench.loop_cycles import LoopCycles, time_engine_steps
 
     variants = VariantLog().install()
+    cycles = LoopCycles()
+    untimed_step = engine.step
+    time_engine_steps(engine, timer, cycles)
     runs = [run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
+    engine.step = untimed_step
     periods, starts = period_by_batch(timer.records), first_steps(timer.records)
     for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(
         engine.vocab_size, args.dry_run, args.num_seqs, args.repeats
@@ -172,6 +177,7 @@ def _offline_child(args: argparse.Namespace) -> None:
         "kv_pool_tokens": engine.stats().num_total_blocks * engine.stats().block_size,
         "period_by_batch": periods,
         "first_steps": starts,
+        "loop_cycles": cycles.summary(),
         "kernel_variants": variants.summary(),  # looked up in the timed runs and the TTFT requests
     }
     Path(args.result).write_text(json.dumps(result))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bench.loop_cycles import ENGINE_COLUMNS, cycles_markdown
+
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
@@ -191,4 +193,6 @@ def markdown(r: dict) -> str:
         "",
         *periods_lines(off.get("period_by_batch"), (svc.get("worker_phases") or {}).get("period_by_batch")),
         *first_steps_lines(off, svc),
+        *cycles_markdown(off.get("loop_cycles") or [], "Offline engine", ENGINE_COLUMNS),
+        *cycles_markdown((svc.get("worker_phases") or {}).get("loop_cycles") or []),
     ])  # fmt: skip

@@ -22,6 +22,7 @@ LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_
 
 class WorkerPhases:
     def __init__(self, worker, result_path: Path) -> None:
+        from bench.loop_cycles import LoopCycles
         from engine.step_timer import StepTimer
 
         self.worker, self.result_path = worker, result_path
@@ -42,6 +43,8 @@ class WorkerPhases:
         worker.step_reads.receive = self._timed("step_reads.receive", worker.step_reads.receive)
         loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
+        self.cycles = LoopCycles()
+        self._records_seen = 0
         from bench.kernel_variants import VariantLog
 
         self.variants = VariantLog().install()
@@ -63,6 +66,8 @@ class WorkerPhases:
         def timed(*args, **kwargs):
             # an intake while the engine has nothing to run is waiting for work, not overhead
             key = name if name != "_intake" or engine.has_unfinished_requests() else "_intake_idle"
+            if name == "_iteration":
+                self.cycles.begin()
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -70,11 +75,26 @@ class WorkerPhases:
                 end = time.perf_counter()
                 self.totals[key] = self.totals.get(key, 0.0) + end - start
                 self.calls[key] = self.calls.get(key, 0) + 1
+                self.cycles.add(key, end - start)
+                if name == "engine.step":
+                    self._add_step_records()
+                elif name == "_iteration":
+                    self.cycles.end()
                 if name == "engine.step":  # the engine's busy span, on the clients' clock (CLOCK_MONOTONIC)
                     self.first_step_at = start if self.first_step_at is None else self.first_step_at
                     self.last_step_at = end
 
         return timed
+
+    def _add_step_records(self) -> None:
+        """The runner's records finished by this engine.step (the step whose tokens it read) go to the cycle."""
+        records = self.timer.records
+        for record in records[self._records_seen :]:
+            self.cycles.add("runner_host", record.host_s)
+            self.cycles.add("blocked", record.wait_s)
+            self.cycles.add("gpu", record.gpu_ms / 1e3)
+            self.cycles.step_read(record.num_seqs)
+        self._records_seen = len(records)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -100,6 +120,8 @@ class WorkerPhases:
         self.totals.clear()
         self.calls.clear()
         self.timer.records.clear()
+        self._records_seen = 0
+        self.cycles.clear()
         self.started = time.perf_counter()
         self.first_step_at = self.last_step_at = None
         self.marks.clear()
@@ -134,6 +156,7 @@ class WorkerPhases:
             ),
             "period_by_batch": period_by_batch(records),
             "first_steps": first_steps(records),
+            "loop_cycles": self.cycles.summary(),
             "kernel_variants": self.variants.summary(),
         }
 

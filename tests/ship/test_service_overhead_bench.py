@@ -33,3 +33,15 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert 0 < len(offline_first) <= 8 and 0 < len(service_first) <= 8
     assert all(row["seqs"] > 0 and row["tokens"] >= row["seqs"] for row in offline_first + service_first)
     assert "Service worker: the first" in text and "Triton kernel variants looked up" in text
+    # one loop iteration by batch size: every iteration that read a step counted once, its parts inside it
+    cycles = result["service"]["worker_phases"]["loop_cycles"]
+    assert 0 < sum(row["iterations"] for row in cycles) <= service_steps + 1
+    for row in cycles:
+        ms = row["mean_ms"]
+        assert 0 < ms["engine_host"] + ms["blocked"] <= ms["_iteration"]
+        assert ms["step_reads.receive"] <= ms["_finish_step_reads"] <= ms["after_step"]
+    assert "Service worker: one loop iteration by batch size" in text
+    offline_cycles = result["offline"]["loop_cycles"]
+    assert 0 < sum(row["iterations"] for row in offline_cycles) <= offline_steps + 1
+    assert all(0 < row["mean_ms"]["engine_host"] <= row["mean_ms"]["_iteration"] for row in offline_cycles)
+    assert "Offline engine: one loop iteration by batch size" in text
