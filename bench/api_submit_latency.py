@@ -93,8 +93,24 @@ def running_api(tree: str | None = None) -> Iterator[tuple[str, redis.Redis, int
         raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
     redis_port, api_port = free_port(), free_port()
     data_dir = tempfile.mkdtemp(prefix="inferq-api-bench-")
-    server = subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", data_dir,
-                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)  # fmt: skip
+    # a carried binary's libraries (bench/run_gpu_service.sh sets INFERQ_REDIS_LIB), for redis-server alone
+    server_env = (
+        {**os.environ, "LD_LIBRARY_PATH": os.environ["INFERQ_REDIS_LIB"]} if "INFERQ_REDIS_LIB" in os.environ else None
+    )
+    argv = [
+        binary,
+        "--port",
+        str(redis_port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        data_dir,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=server_env)
     api = None
     try:
         client = redis.Redis(port=redis_port)
