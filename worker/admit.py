@@ -29,7 +29,7 @@ from worker.protocol import (
     request_id_of,
 )
 from worker.publisher import Batch, EventWrite
-from worker.resume import PriorOutput, fetch_priors
+from worker.resume import PriorOutput, parse_priors, queue_prior_reads
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +88,10 @@ class Admitter:
                 continue
             candidates.append(self._parse(delivery))
         with_stream = [c for c in candidates if c.result_stream is not None]
-        priors = dict(zip(map(id, with_stream), fetch_priors(self.client, [c.result_stream for c in with_stream])))
-        valid = [c for c in candidates if c.reason is None]
-        cancelled = self._cancelled({c.request_id for c in valid})
+        streams = [c.result_stream for c in with_stream]
+        valid_ids = sorted({c.request_id for c in candidates if c.reason is None})
+        prior_list, cancelled = self._read_priors_and_cancels(streams, valid_ids)
+        priors = dict(zip(map(id, with_stream), prior_list))
         active = set(active_request_ids)  # grows as this batch is admitted: one id, one job
         for candidate in candidates:
             prior = priors.get(id(candidate), PriorOutput())
@@ -135,12 +136,28 @@ class Admitter:
             )
         return candidate
 
-    def _cancelled(self, request_ids: set[str]) -> set[str]:
-        ids = sorted(request_ids)
-        if not ids:
-            return set()
-        values = self.client.mget([self.keys.cancel(i) for i in ids])
-        return {i for i, value in zip(ids, values, strict=True) if value is not None}
+    def _read_priors_and_cancels(
+        self, streams: list[str], request_ids: list[str]
+    ) -> tuple[list[PriorOutput], set[str]]:
+        """What each result stream already holds, and which of the requests were cancelled: one round trip.
+
+        # NOTE: one pipeline, not two: at low load the admission's reads lie on the path to the first token
+        # (bench/ttft_path.py), and each round trip is one more wait on Redis before the prefill starts.
+        """
+        if not streams and not request_ids:
+            return [], set()
+        pipe = self.client.pipeline(transaction=False)
+        queue_prior_reads(pipe, streams)
+        if request_ids:
+            pipe.mget([self.keys.cancel(i) for i in request_ids])
+        results = pipe.execute(raise_on_error=False)
+        priors = parse_priors(streams, results[: len(streams)])
+        if not request_ids:
+            return priors, set()
+        values = results[len(streams)]
+        if isinstance(values, Exception):
+            raise values
+        return priors, {i for i, value in zip(request_ids, values, strict=True) if value is not None}
 
     def _admit_one(
         self, out: Admission, candidate: _Candidate, prior: PriorOutput, cancelled: bool, active: set[str]

@@ -63,14 +63,14 @@ def parse_prior(entries: list) -> PriorOutput:
     return prior
 
 
-def fetch_priors(client: redis.Redis, streams: list[str]) -> list[PriorOutput]:
-    """Read every stream in one pipeline."""
-    if not streams:
-        return []
-    pipe = client.pipeline(transaction=False)
+def queue_prior_reads(pipe, streams: list[str]) -> None:
+    """Queues the XRANGE of every stream on `pipe` (a non-transactional pipeline), for `parse_priors`."""
     for stream in streams:
         pipe.xrange(stream, "-", "+")
-    results = pipe.execute(raise_on_error=False)
+
+
+def parse_priors(streams: list[str], results: list) -> list[PriorOutput]:
+    """The PriorOutput of each stream from its XRANGE result (executed with raise_on_error=False)."""
     priors = []
     for stream, result in zip(streams, results, strict=True):
         if isinstance(result, redis.ResponseError):
@@ -81,3 +81,12 @@ def fetch_priors(client: redis.Redis, streams: list[str]) -> list[PriorOutput]:
             raise result
         priors.append(parse_prior(result))
     return priors
+
+
+def fetch_priors(client: redis.Redis, streams: list[str]) -> list[PriorOutput]:
+    """Read every stream in one pipeline."""
+    if not streams:
+        return []
+    pipe = client.pipeline(transaction=False)
+    queue_prior_reads(pipe, streams)
+    return parse_priors(streams, pipe.execute(raise_on_error=False))
