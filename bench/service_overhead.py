@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from bench.offline_throughput import MAX_NUM_BATCHED_TOKENS, NUM_SEQS, workload
@@ -45,6 +44,7 @@ from bench.service_processes import (
 from bench.service_report import markdown
 from bench.service_stack import API_REDIS_MAX_CONNECTIONS, running_stack
 from bench.service_workload import (
+    engine_ttfts,
     median_run,
     more_workloads,
     percentile,
@@ -127,7 +127,6 @@ def _offline_child(args: argparse.Namespace) -> None:
     from bench.engine_common import environment
     from bench.offline_throughput import build_engine, run_workload
     from bench.step_periods import first_steps, period_by_batch
-    from engine.sampling_params import SamplingParams
     from engine.step_timer import StepTimer
 
     device = torch.device("cpu" if args.dry_run else "cuda")
@@ -155,17 +154,7 @@ def _offline_child(args: argparse.Namespace) -> None:
         elapsed = run_workload(engine, more_prompts, more_output_lens)
         runs.append(run_figures(seed, elapsed, more_prompt_lens, more_output_lens))
     engine.runner.timer = None
-    ttfts = []
-    new_tokens = shape(args.dry_run)[5]
-    for i, prompt in enumerate(ttft_prompts):
-        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        start, first = time.perf_counter(), None
-        engine.add_request(f"ttft{i}", prompt, params)
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if first is None and out.new_token_ids:
-                    first = time.perf_counter()
-        ttfts.append((first - start) * 1000)
+    ttfts = engine_ttfts(engine, ttft_prompts, shape(args.dry_run)[5])
     median = median_run(runs)
     result = {
         "meta": environment(device),

@@ -4,6 +4,8 @@ throughput workload at its seeds, the sequential TTFT requests, and the median o
 
 from __future__ import annotations
 
+import time
+
 from bench.offline_throughput import MAX_LEN, MIN_LEN, NUM_SEQS, workload
 
 TTFT_REQUESTS, TTFT_PROMPT, TTFT_NEW_TOKENS = 20, 128, 16
@@ -56,3 +58,21 @@ def percentile(values: list[float], q: float) -> float:
     import numpy as np
 
     return float(np.percentile(values, q)) if values else float("nan")
+
+
+def engine_ttfts(engine, prompts: list[list[int]], new_tokens: int, prefix: str = "ttft") -> list[float]:
+    """The engine's own TTFT of each prompt, one at a time (ms): add_request to the step that returns its first
+    token, greedy, ignore_eos."""
+    from engine.sampling_params import SamplingParams
+
+    ttfts = []
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        start, first = time.perf_counter(), None
+        engine.add_request(f"{prefix}{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.new_token_ids:
+                    first = time.perf_counter()
+        ttfts.append((first - start) * 1000)
+    return ttfts

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench.api_submit_latency import MODEL, running_api
 from bench.engine_common import model_dir, write_results
-from bench.service_workload import shape, workload
+from bench.service_workload import engine_ttfts, shape, workload
 
 # Consecutive marks of a request, and the name of the gap that ends at each.
 MARKS = (
@@ -128,22 +128,6 @@ def _client_child(base: str, prompts: list[list[int]], new_tokens: int, queue) -
     queue.put(asyncio.run(run()))
 
 
-def _engine_ttfts(engine, prompts: list[list[int]], new_tokens: int) -> list[float]:
-    from engine.sampling_params import SamplingParams
-
-    ttfts = []
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        start, first = time.perf_counter(), None
-        engine.add_request(f"engine-ttft{i}", prompt, params)
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if first is None and out.new_token_ids:
-                    first = time.perf_counter()
-        ttfts.append((first - start) * 1000)
-    return ttfts
-
-
 def _marked(rows: list[dict]) -> list[dict]:
     """Per request: each mark's ms from the client's send. A synchronous engine (CPU) reads the token in the
     prefill's own step: that request has no token_start / token_end marks."""
@@ -162,7 +146,7 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(marked: list[dict], engine_ttfts: list[float]) -> dict:
+def summarize(marked: list[dict], own_ttfts: list[float]) -> dict:
     """p50 of each mark and of each gap (a mark less the request's last mark before it, or the send)."""
     gap_values: dict[str, list[float]] = {name: [] for name, _ in MARKS}
     for at in marked:
@@ -172,7 +156,7 @@ def summarize(marked: list[dict], engine_ttfts: list[float]) -> dict:
                 gap_values[name].append(at[name] - previous)
                 previous = at[name]
     service = _median([m["first"] for m in marked if "first" in m])
-    engine = _median(engine_ttfts)
+    engine = _median(own_ttfts)
     return {
         "requests": len(marked),
         "headers_p50_ms": _median([m["headers"] for m in marked]),
@@ -227,7 +211,7 @@ def main(argv=None) -> dict:
     prompts, _, _ = workload(vocab_size_of(directory), num_requests + WARM_REQUESTS, prompt_len, prompt_len, seed=2)
     engine = build_engine(directory, device, args.dry_run)
     _warm_engine(engine)
-    engine_ttfts = _engine_ttfts(engine, prompts[WARM_REQUESTS:], new_tokens)
+    own_ttfts = engine_ttfts(engine, prompts[WARM_REQUESTS:], new_tokens, prefix="engine-ttft")
     with running_api() as (base, client, _):
         port = client.connection_pool.connection_kwargs["port"]
         settings = WorkerSettings(redis_url=f"redis://127.0.0.1:{port}/0", model=str(directory),
@@ -262,8 +246,8 @@ def main(argv=None) -> dict:
         "prompt_tokens": prompt_len,
         "new_tokens": new_tokens,
         "batch_window_ms": args.batch_window_ms,
-        "engine_ttft_ms": engine_ttfts,
-        "summary": summarize(marked, engine_ttfts),
+        "engine_ttft_ms": own_ttfts,
+        "summary": summarize(marked, own_ttfts),
         "requests": marked,
     }
     out = Path(args.out)

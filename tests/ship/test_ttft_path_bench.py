@@ -21,7 +21,7 @@ def test_a_dry_run_marks_every_request_in_order(tmp_path) -> None:
         # the CPU engine is synchronous: its prefill step reads the token (no separate token step)
         assert present == [n for n in order if n not in ("token_start", "token_end")], present
         times = [at[name] for name in present]
-        assert times == sorted(times) and 0 < times[0] and at["headers"] > 0
+        assert times == sorted(times) and times[0] > 0 and at["headers"] > 0
     summary = result["summary"]
     assert summary["service_ttft_p50_ms"] > summary["engine_ttft_p50_ms"] > 0
     assert {g["mark"] for g in summary["gaps"] if g["count"] == 4} == set(present)
