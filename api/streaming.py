@@ -80,10 +80,6 @@ async def relay(
         started = False
         async for event in source.events():
             now = time.monotonic()
-            if not started:
-                started = True
-                if release_admission:
-                    await state.admission.release(meta.request_id)
             if observer is not None:
                 observer.on_event(event.type, len(event.token_ids or []), now)
             if event.type == "error":
@@ -93,6 +89,13 @@ async def relay(
             chunk = formatter.chunk(event)
             if event.seq > resume_after:
                 yield {"id": str(event.seq), "data": json.dumps(chunk, ensure_ascii=False)}
+            if not started:
+                # NOTE: the request left the queue with its first event; its queue entry is released once
+                # that event is on its way to the client, so the round trip is not on the path to the first
+                # token (bench/ttft_path.py). An error first: `_leave` releases it.
+                started = True
+                if release_admission:
+                    await state.admission.release(meta.request_id)
         if not source.failed and meta.include_usage:
             yield {"data": json.dumps(formatter.usage_chunk())}
         complete = True
