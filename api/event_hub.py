@@ -2,6 +2,7 @@
 
     hub = EventHub(redis, anchor_channel)
     subscription = await hub.subscribe(channel)  # returns once Redis has confirmed the SUBSCRIBE
+    # or: hub.subscribe(channel, confirmed=False) returns once it is sent; `await subscription.confirmed()`
     data = await subscription.get(timeout=1.0)   # the next message's data, or None after the timeout
     await subscription.close()
 
@@ -44,11 +45,28 @@ CONFIRM_TIMEOUT_S = 5.0
 class Subscription:
     """The messages of one channel for one reader, in the order Redis published them."""
 
-    def __init__(self, hub: EventHub, channel: str) -> None:
+    def __init__(self, hub: EventHub, channel: str, confirmation: asyncio.Future) -> None:
         self.hub = hub
         self.channel = channel
+        self._confirmation = confirmation  # the channel's: done once Redis confirmed the SUBSCRIBE
         self._inbox: asyncio.Queue[str | BaseException] = asyncio.Queue()
         self.closed = False
+
+    async def confirmed(self) -> None:
+        """Returns once Redis has confirmed that the hub listens to the channel (at once if it has). On a
+        timeout or a failure of the hub's connection the subscription is closed and the error raised."""
+        if self._confirmation.done() and not self._confirmation.cancelled() and self._confirmation.exception() is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._confirmation), CONFIRM_TIMEOUT_S)
+        except TimeoutError:
+            await self.close()
+            raise RedisTimeoutError(
+                f"Redis did not confirm the subscription to {self.channel} within {CONFIRM_TIMEOUT_S} s"
+            ) from None
+        except BaseException:
+            await self.close()
+            raise
 
     def _deliver(self, item: str | BaseException) -> None:
         self._inbox.put_nowait(item)
@@ -96,13 +114,15 @@ class EventHub:
         """Channels with at least one reader (for tests and metrics)."""
         return len(self._channels)
 
-    async def subscribe(self, channel: str) -> Subscription:
-        """A reader of `channel`, returned once Redis has confirmed that the hub listens to it."""
-        subscription = Subscription(self, channel)
+    async def subscribe(self, channel: str, *, confirmed: bool = True) -> Subscription:
+        """A reader of `channel`, returned once Redis has confirmed that the hub listens to it; with
+        confirmed=False once the SUBSCRIBE is sent (the caller awaits `Subscription.confirmed()` before it
+        relies on the channel)."""
         async with self._send_lock:
             entry = self._channels.get(channel)
             if entry is None:
                 entry = _Channel(confirmed=asyncio.get_running_loop().create_future())
+                subscription = Subscription(self, channel, entry.confirmed)
                 self._channels[channel] = entry
                 entry.readers.add(subscription)
                 try:
@@ -113,17 +133,10 @@ class EventHub:
                     self._forget(entry, subscription)
                     raise
             else:
+                subscription = Subscription(self, channel, entry.confirmed)
                 entry.readers.add(subscription)
-        try:
-            await asyncio.wait_for(asyncio.shield(entry.confirmed), CONFIRM_TIMEOUT_S)
-        except TimeoutError:
-            await subscription.close()
-            raise RedisTimeoutError(
-                f"Redis did not confirm the subscription to {channel} within {CONFIRM_TIMEOUT_S} s"
-            ) from None
-        except BaseException:
-            await subscription.close()
-            raise
+        if confirmed:
+            await subscription.confirmed()
         return subscription
 
     async def close(self) -> None:

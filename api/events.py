@@ -3,7 +3,7 @@
     source = EventSource(redis, hub, wire_keys, request_id, result_stream, n, after_seq)
     await source.open()          # subscribe FIRST (api/event_hub.py: the process's shared connection) ...
     await redis.xadd(...)        # ... then enqueue, so no event is published before we listen
-    async for event in source.events(): ...
+    async for event in source.events(): ...   # (open(confirmed=False): events() waits for the confirmation)
     await source.close()
 
 NOTE: a worker writes each event to the result stream before it publishes it, so an
@@ -68,8 +68,10 @@ class EventSource:
     def complete(self) -> bool:
         return self.failed or len(self.done_choices) >= self.n
 
-    async def open(self) -> None:
-        self._subscription = await self.hub.subscribe(self.channel)
+    async def open(self, *, confirmed: bool = True) -> None:
+        """Subscribes; confirmed=False returns once the SUBSCRIBE is sent, and `events()` waits for Redis's
+        confirmation before it reads the result stream (api/submit.py enqueues meanwhile)."""
+        self._subscription = await self.hub.subscribe(self.channel, confirmed=confirmed)
 
     async def close(self) -> None:
         if self._subscription is not None:
@@ -104,6 +106,9 @@ class EventSource:
         """Ordered events until the request is complete (all n choices done, or an error)."""
         if self._subscription is None:
             raise RuntimeError("EventSource.open() must be awaited before events()")
+        # NOTE: the stream is read only once the channel is listened to: an event published before that
+        # was written to the stream before it was published, so this read has it.
+        await self._subscription.confirmed()
         for event in await self._read_stream():  # what was written before we attached
             yield self._accept(event)
             if self.complete:

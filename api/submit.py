@@ -3,15 +3,17 @@
 Order matters and every step before the enqueue can refuse without side effects:
     model known (404) -> token ids in the vocabulary -> prompt length and max_tokens (400)
     -> Idempotency-Key seen before? attach to that request -> rate limit (429)
-    -> without an Idempotency-Key: SUBSCRIBE to its events -> one script: queue cap (503), or
-       save request meta + XADD to the request stream (api/admission.py)
+    -> without an Idempotency-Key: SUBSCRIBE to its events (sent, its confirmation awaited by the relay)
+       -> one script: queue cap (503), or save request meta + XADD to the request stream (api/admission.py)
     -> with one: queue cap (503) -> bind the Idempotency-Key -> save request meta
        -> SUBSCRIBE to its events -> XADD to the request stream.
-NOTE: subscribing before the XADD is what guarantees that the first token is never
-published to nobody; the result stream would fill the gap anyway, but later. A request the
-script refuses leaves only that subscription, which is closed before the 503.
+NOTE: the SUBSCRIBE goes out before the XADD, so Redis listens for the request's events long
+before a worker can have published one (it must read the message and run a step first); the
+result stream, read once the SUBSCRIBE is confirmed, fills any gap anyway. A request the script
+refuses leaves only that subscription, which is closed before the 503.
 Why one script: a new request's Redis work was four sequential round trips (admit, meta,
-SUBSCRIBE, XADD) before its response headers; now it is two (SUBSCRIBE, the script).
+SUBSCRIBE, XADD) before its response headers; now it is one waited on (the script; the SUBSCRIBE's
+confirmation arrives meanwhile).
 """
 
 from __future__ import annotations
@@ -87,8 +89,11 @@ def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
     return {"prompt_token_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
 
 
-async def open_source(state: AppState, meta: RequestMeta, start_timeout_s: float | None = None) -> EventSource:
-    """The request's events, subscribed (on the process's shared pub/sub connection) and ready to read."""
+async def open_source(
+    state: AppState, meta: RequestMeta, start_timeout_s: float | None = None, *, confirmed: bool = True
+) -> EventSource:
+    """The request's events, subscribed (on the process's shared pub/sub connection) and ready to read;
+    confirmed=False: the SUBSCRIBE is sent, and the source waits for its confirmation when first read."""
     source = EventSource(
         state.redis,
         state.hub,
@@ -98,7 +103,7 @@ async def open_source(state: AppState, meta: RequestMeta, start_timeout_s: float
         meta.n,
         start_timeout_s=start_timeout_s,
     )
-    await source.open()
+    await source.open(confirmed=confirmed)
     return source
 
 
@@ -233,10 +238,15 @@ def _stamped_fields(state: AppState, message: RequestMessage) -> dict[str, str]:
 
 
 async def _enqueue_in_one_script(state: AppState, meta: RequestMeta, message: RequestMessage) -> Accepted:
-    """SUBSCRIBE, then one script admits the request, saves its meta and XADDs it: two round trips."""
+    """SUBSCRIBE, then one script admits the request, saves its meta and XADDs it: one round trip waited on.
+
+    NOTE: the script goes out without waiting for the SUBSCRIBE's confirmation (its round trip was on the path
+    to the worker, bench/ttft_path.py); the relay waits for it before it reads the result stream, which holds
+    every event published before Redis listened (api/events.py). A confirmation that never comes fails the
+    stream with a resumable error, as a hub failure mid-stream does: the request itself was enqueued."""
     source: EventSource | None = None
     try:
-        source = await open_source(state, meta, start_timeout_s=_start_timeout_s(state))
+        source = await open_source(state, meta, start_timeout_s=_start_timeout_s(state), confirmed=False)
         await state.admission.admit_and_enqueue(
             meta.request_id,
             meta.prompt_tokens,

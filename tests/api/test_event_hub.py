@@ -165,3 +165,24 @@ def test_subscribe_fails_cleanly_when_redis_is_unreachable() -> None:
         await redis.aclose()
 
     asyncio.run(body())
+
+
+def test_an_unconfirmed_subscribe_returns_once_sent_and_is_confirmed_later(redis_server: RedisServer) -> None:
+    async def body(redis: Redis, hub: EventHub) -> None:
+        channels = [_channel(f"u{i}") for i in range(20)]
+        subs = [await hub.subscribe(c, confirmed=False) for c in channels]  # nothing awaited from Redis yet
+        await asyncio.gather(*(s.confirmed() for s in subs))
+        assert [n for _, n in await redis.pubsub_numsub(*channels)] == [1] * len(channels)
+        for i, c in enumerate(channels):
+            assert await redis.publish(c, f"m{i}") == 1
+        assert [await s.get(timeout=5) for s in subs] == [f"m{i}" for i in range(len(channels))]
+        # closed before its confirmation came: the channel is dropped, and a new reader waits for its own
+        early = await hub.subscribe(channels[0] + "x", confirmed=False)
+        await early.close()
+        again = await hub.subscribe(channels[0] + "x")
+        assert (await redis.pubsub_numsub(channels[0] + "x"))[0][1] == 1
+        for s in [*subs, again]:
+            await s.close()
+        assert hub.channels == 0
+
+    asyncio.run(_with_hub(redis_server, body))
