@@ -22,6 +22,11 @@ async def _write(redis: Redis, keys: Keys, request_id: str, event: ResultEvent) 
     await redis.publish(keys.events(request_id), message)
 
 
+async def _read_into(source: EventSource, seen: list[int]) -> None:
+    async for event in source.events():
+        seen.append(event.seq)
+
+
 def test_an_unconfirmed_source_yields_events_from_before_and_after_redis_listened(redis_server: RedisServer) -> None:
     async def body() -> None:
         redis = Redis(host="127.0.0.1", port=redis_server.port, decode_responses=True)
@@ -34,13 +39,8 @@ def test_an_unconfirmed_source_yields_events_from_before_and_after_redis_listene
                 await source.open(confirmed=False)
                 # written at once, racing the SUBSCRIBE: before or after Redis listens
                 await _write(redis, keys, request_id, ResultEvent(seq=1, type="token", text="a", token_ids=[1]))
-                seen = []
-
-                async def read() -> None:
-                    async for event in source.events():
-                        seen.append(event.seq)
-
-                reader = asyncio.create_task(read())
+                seen: list[int] = []
+                reader = asyncio.create_task(_read_into(source, seen))
                 await asyncio.sleep(0.01)
                 await _write(redis, keys, request_id, ResultEvent(seq=2, type="token", text="b", token_ids=[2]))
                 await _write(redis, keys, request_id, ResultEvent(seq=3, type="done", finish_reason="length"))
