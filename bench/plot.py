@@ -2,10 +2,11 @@
 
     python -m bench.plot --results bench/results/h100 [--out bench/results/h100]
 
-Reads engine_decode_latency.json and engine_offline_throughput.json where present and writes
-engine_decode_latency.png (ms/token: inferq with and without CUDA graphs, transformers, the
-floor and the goal) and engine_offline_throughput.png (output tok/s: inferq, the roofline,
-transformers measured on its subset and extrapolated).
+Reads engine_decode_latency.json, engine_offline_throughput.json and service_overhead_4api.json where
+present and writes engine_decode_latency.png (ms/token: inferq with and without CUDA graphs, transformers,
+the floor and the goal), engine_offline_throughput.png (output tok/s: inferq, the roofline, transformers
+measured on its subset and extrapolated) and service_overhead_4api.png (output tok/s of the offline engine
+and of the service at each seed, with the 95% goal; TTFT p50 of both at low load, with the service's goal).
 """
 
 from __future__ import annotations
@@ -85,6 +86,35 @@ def plot_offline(results: dict, out: Path) -> Path:
     return path
 
 
+def plot_service(results: dict, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    offline, service = results["offline"]["runs"], results["service"]["runs"]
+    seeds = [f"seed {run['seed']}" for run in offline]
+    goal = results["goals"]["throughput_frac"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4.5), gridspec_kw={"width_ratios": [3, 1.4]})
+    _bars(left, seeds, [
+        ("offline engine", [run["output_tok_s"] for run in offline]),
+        ("service (HTTP + Redis + worker)", [run["output_tok_s"] for run in service]),
+        (f"goal ({goal:.0%} of offline)", [goal * run["output_tok_s"] for run in offline]),
+    ], "output tokens / s (higher is better)")  # fmt: skip
+    fraction = results["throughput_frac_of_offline"]
+    left.set_title(f"Throughput: the service at {fraction:.1%} of the offline engine (medians)", fontsize=9)
+    ttft = results["ttft_p50_ms"]
+    _bars(right, ["TTFT p50, low load"], [
+        ("offline engine", [ttft["offline"]]),
+        ("service", [ttft["service"]]),
+        ("goal (offline + 5 ms)", [ttft["offline"] + results["goals"]["added_ttft_p50_ms"]]),
+    ], "ms (lower is better)")  # fmt: skip
+    right.set_title(f"added by the service: {ttft['added']:.1f} ms", fontsize=9)
+    fig.suptitle(f"Service overhead, {results['model']} shape, 256 streaming clients\n{_subtitle(results)}", fontsize=9)
+    fig.tight_layout()
+    path = out / "service_overhead_4api.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("bench/results/h100"))
@@ -96,7 +126,9 @@ def main(argv=None) -> list[Path]:
     out = args.out or args.results
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for stem, plot in (("engine_decode_latency", plot_decode), ("engine_offline_throughput", plot_offline)):
+    plots = (("engine_decode_latency", plot_decode), ("engine_offline_throughput", plot_offline),
+             ("service_overhead_4api", plot_service))  # fmt: skip
+    for stem, plot in plots:
         source = args.results / f"{stem}.json"
         if source.is_file():
             written.append(plot(json.loads(source.read_text()), out))
