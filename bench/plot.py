@@ -40,6 +40,15 @@ def _bars(ax, groups: list[str], series: list[tuple[str, list[float | None]]], u
     ax.legend(fontsize=8)
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_decode(results: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -56,11 +65,7 @@ def plot_decode(results: dict, out: Path) -> Path:
     _bars(ax, models, series, "ms per token (lower is better)")
     ax.set_yscale("log")
     ax.set_title(f"Batch-1 decode latency, 128-token prompt, 512 new tokens\n{_subtitle(results)}", fontsize=9)
-    fig.tight_layout()
-    path = out / "engine_decode_latency.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "engine_decode_latency.png")
 
 
 def plot_offline(results: dict, out: Path) -> Path:
@@ -79,11 +84,7 @@ def plot_offline(results: dict, out: Path) -> Path:
     _bars(ax, models, series, "output tokens / s (higher is better)")
     ax.set_yscale("log")
     ax.set_title(f"Offline throughput, 256 sequences, lengths uniform in [100, 1024]\n{_subtitle(results)}", fontsize=9)
-    fig.tight_layout()
-    path = out / "engine_offline_throughput.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "engine_offline_throughput.png")
 
 
 def plot_service(results: dict, out: Path) -> Path:
@@ -108,11 +109,7 @@ def plot_service(results: dict, out: Path) -> Path:
     ], "ms (lower is better)")  # fmt: skip
     right.set_title(f"added by the service: {ttft['added']:.1f} ms", fontsize=9)
     fig.suptitle(f"Service overhead, {results['model']} shape, 256 streaming clients\n{_subtitle(results)}", fontsize=9)
-    fig.tight_layout()
-    path = out / "service_overhead_4api.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "service_overhead_4api.png")
 
 
 def main(argv=None) -> list[Path]:
