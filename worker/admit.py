@@ -139,11 +139,9 @@ class Admitter:
     def _read_priors_and_cancels(
         self, streams: list[str], request_ids: list[str]
     ) -> tuple[list[PriorOutput], set[str]]:
-        """What each result stream already holds, and which of the requests were cancelled: one round trip.
-
+        """What each result stream already holds, and which of the requests were cancelled: one round trip."""
         # NOTE: one pipeline, not two: at low load the admission's reads lie on the path to the first token
         # (bench/ttft_path.py), and each round trip is one more wait on Redis before the prefill starts.
-        """
         if not streams and not request_ids:
             return [], set()
         pipe = self.client.pipeline(transaction=False)
