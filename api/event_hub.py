@@ -55,7 +55,8 @@ class Subscription:
     async def confirmed(self) -> None:
         """Returns once Redis has confirmed that the hub listens to the channel (at once if it has). On a
         timeout or a failure of the hub's connection the subscription is closed and the error raised."""
-        if self._confirmation.done() and not self._confirmation.cancelled() and self._confirmation.exception() is None:
+        future = self._confirmation
+        if future.done() and not future.cancelled() and future.exception() is None:
             return
         try:
             await asyncio.wait_for(asyncio.shield(self._confirmation), CONFIRM_TIMEOUT_S)
@@ -120,11 +121,12 @@ class EventHub:
         relies on the channel)."""
         async with self._send_lock:
             entry = self._channels.get(channel)
-            if entry is None:
-                entry = _Channel(confirmed=asyncio.get_running_loop().create_future())
-                subscription = Subscription(self, channel, entry.confirmed)
-                self._channels[channel] = entry
-                entry.readers.add(subscription)
+            first = entry is None  # the channel's first reader sends its SUBSCRIBE
+            if first:
+                entry = self._channels[channel] = _Channel(confirmed=asyncio.get_running_loop().create_future())
+            subscription = Subscription(self, channel, entry.confirmed)
+            entry.readers.add(subscription)
+            if first:
                 try:
                     pubsub = await self._connected()
                     self._unconfirmed[channel] += 1
@@ -132,9 +134,6 @@ class EventHub:
                 except BaseException:
                     self._forget(entry, subscription)
                     raise
-            else:
-                subscription = Subscription(self, channel, entry.confirmed)
-                entry.readers.add(subscription)
         if confirmed:
             await subscription.confirmed()
         return subscription

@@ -29,7 +29,7 @@ import httpx
 import redis
 
 from bench.report import write_json
-from bench.service_processes import free_port
+from bench.service_processes import free_port, redis_server_binary, redis_server_libraries
 from worker.protocol import Keys, ModelInfo
 
 MODEL = "bench"
@@ -88,29 +88,12 @@ async def _measure(base: str, sequential: int, burst: int, api_pid: int) -> dict
 def running_api(tree: str | None = None) -> Iterator[tuple[str, redis.Redis, int]]:
     """`python -m api` (of `tree`'s checkout) on a private redis-server holding a fake model record, no
     worker: yields (the API's base URL, a client of that Redis (bytes replies), the API's pid)."""
-    binary = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
-    if not binary:
-        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
+    binary = redis_server_binary()
     redis_port, api_port = free_port(), free_port()
     data_dir = tempfile.mkdtemp(prefix="inferq-api-bench-")
-    # a carried binary's libraries (bench/run_gpu_service.sh sets INFERQ_REDIS_LIB), for redis-server alone
-    server_env = (
-        {**os.environ, "LD_LIBRARY_PATH": os.environ["INFERQ_REDIS_LIB"]} if "INFERQ_REDIS_LIB" in os.environ else None
-    )
-    argv = [
-        binary,
-        "--port",
-        str(redis_port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        data_dir,
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=server_env)
+    argv = [binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", data_dir, "--save", "",
+            "--appendonly", "no"]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env={**os.environ, **redis_server_libraries()})
     api = None
     try:
         client = redis.Redis(port=redis_port)

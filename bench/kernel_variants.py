@@ -21,6 +21,7 @@ class VariantLog:
         self.variants: list[str] = []
         self.seconds: list[float] = []
         self._before = None
+        self._started = 0.0  # when the variant being built was looked up
 
     def install(self) -> VariantLog:
         import triton

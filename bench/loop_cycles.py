@@ -43,6 +43,7 @@ class LoopCycles:
         self._num_seqs: int | None = None
         self._sums: dict[int, dict[str, float]] = {}
         self._counts: dict[int, int] = {}
+        self._records_seen = 0  # the step timer's records already added
 
     def begin(self) -> None:
         self._open, self._num_seqs = {}, None
@@ -51,9 +52,15 @@ class LoopCycles:
         if self._open is not None:
             self._open[name] = self._open.get(name, 0.0) + seconds
 
-    def step_read(self, num_seqs: int) -> None:
-        """The iteration read the tokens of a step of num_seqs sequences."""
-        self._num_seqs = num_seqs
+    def add_step_records(self, records: list) -> None:
+        """The step timer's records (engine/step_timer.py) finished since the last call, to the open cycle: those
+        of the step whose tokens the iteration read."""
+        for record in records[self._records_seen :]:
+            self.add("runner_host", record.host_s)
+            self.add("blocked", record.wait_s)
+            self.add("gpu", record.gpu_ms / 1e3)
+            self._num_seqs = record.num_seqs
+        self._records_seen = len(records)
 
     def end(self) -> None:
         cycle, self._open = self._open, None
@@ -72,7 +79,8 @@ class LoopCycles:
         self._counts[group] = self._counts.get(group, 0) + 1
 
     def clear(self) -> None:
-        self._open, self._sums, self._counts = None, {}, {}
+        """A new window; the caller clears the step timer's records with it."""
+        self._open, self._sums, self._counts, self._records_seen = None, {}, {}, 0
 
     def summary(self) -> list[dict]:
         """Per group with iterations: its sequence range, the count and each column's mean ms."""
@@ -89,11 +97,12 @@ class LoopCycles:
 ENGINE_COLUMNS = ("_iteration", "gpu", "engine_host", "runner_host", "blocked")
 
 
-def time_engine_steps(engine, timer, cycles: LoopCycles) -> None:
+def time_engine_steps(engine, timer, cycles: LoopCycles):
     """Times an engine driven without a worker (the offline path): each engine.step call opens a cycle that the
-    next call closes, so its iteration is the period between two calls' starts."""
+    next call closes, so its iteration is the period between two calls' starts. Returns the untimed step, to
+    put back."""
     step = engine.step
-    seen = [len(timer.records)]
+    cycles.add_step_records(timer.records)  # no cycle open: the records before this run are skipped
     last_started: list[float] = []
 
     def timed(*args, **kwargs):
@@ -107,14 +116,10 @@ def time_engine_steps(engine, timer, cycles: LoopCycles) -> None:
             return step(*args, **kwargs)
         finally:
             cycles.add("engine.step", time.perf_counter() - started)
-            for record in timer.records[seen[0] :]:
-                cycles.add("runner_host", record.host_s)
-                cycles.add("blocked", record.wait_s)
-                cycles.add("gpu", record.gpu_ms / 1e3)
-                cycles.step_read(record.num_seqs)
-            seen[0] = len(timer.records)
+            cycles.add_step_records(timer.records)
 
     engine.step = timed
+    return step
 
 
 def cycles_markdown(rows: list[dict], label: str = "Service worker", keys: tuple[str, ...] | None = None) -> list[str]:

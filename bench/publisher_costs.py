@@ -92,8 +92,7 @@ def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
 def main(argv=None) -> dict:
     import redis
 
-    from bench.service_processes import free_port
-    from bench.service_stack import redis_server_binary
+    from bench.service_processes import free_port, redis_server_binary
 
     args = _parse_args(argv)
     port = free_port()

@@ -114,10 +114,10 @@ def _client_proc(
     return rows, times.user + times.system
 
 
-def sequential(
-    base: str, prompts: list[list[int]], new_tokens: int, kind: str = "socket"
-) -> tuple[list[float], list[float]]:
-    """One request at a time: (TTFT ms, ms until the response headers) of each."""
+def sequential_rows(
+    base: str, prompts: list[list[int]], new_tokens: int, kind: str = "socket", gap_s: float = 0.0
+) -> list[dict]:
+    """One request at a time (`gap_s` between them): each one's perf_counter times (start, headers, first, end)."""
 
     async def run() -> list[dict]:
         if kind == "socket":
@@ -127,13 +127,25 @@ def sequential(
             for p in prompts:  # each connection opened, and its request encoded, before its clock starts
                 connection, request = await open_connection(base), request_bytes(base, request_body(p, new_tokens))
                 rows.append(await _socket_stream(base, request, new_tokens, connection))
+                await asyncio.sleep(gap_s)
             return rows
         import httpx
 
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
-            return [await _stream_one(client, base, p, new_tokens) for p in prompts]
+            rows = []
+            for p in prompts:
+                rows.append(await _stream_one(client, base, p, new_tokens))
+                await asyncio.sleep(gap_s)
+            return rows
 
-    rows = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def sequential(
+    base: str, prompts: list[list[int]], new_tokens: int, kind: str = "socket"
+) -> tuple[list[float], list[float]]:
+    """One request at a time: (TTFT ms, ms until the response headers) of each."""
+    rows = sequential_rows(base, prompts, new_tokens, kind)
     return [(r["first"] - r["start"]) * 1000 for r in rows], [(r["headers"] - r["start"]) * 1000 for r in rows]
 
 

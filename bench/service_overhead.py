@@ -143,8 +143,7 @@ def _offline_child(args: argparse.Namespace) -> None:
 
     variants = VariantLog().install()
     cycles = LoopCycles()
-    untimed_step = engine.step
-    time_engine_steps(engine, timer, cycles)
+    untimed_step = time_engine_steps(engine, timer, cycles)
     runs = [run_figures(0, run_workload(engine, prompts, output_lens), prompt_lens, output_lens)]
     engine.step = untimed_step
     periods, starts = period_by_batch(timer.records), first_steps(timer.records)

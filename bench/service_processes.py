@@ -22,6 +22,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def redis_server_binary() -> str:
+    server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
+    if not server:
+        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
+    return server
+
+
+def redis_server_libraries() -> dict[str, str]:
+    """The environment a carried redis-server needs for its shared libraries (INFERQ_REDIS_LIB, set by the
+    bench/run_gpu_*.sh scripts when the binary does not run as it is), for redis-server alone; {} otherwise."""
+    lib = os.environ.get("INFERQ_REDIS_LIB")
+    return {"LD_LIBRARY_PATH": lib} if lib else {}
+
+
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

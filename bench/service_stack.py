@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.offline_throughput import NUM_SEQS
-from bench.service_processes import STEM, Service, free_port
+from bench.service_processes import STEM, Service, free_port, redis_server_binary, redis_server_libraries
 
 # NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
 # subscription is on the process's shared connection); a pool of redis-py's old default of 100 answered 503.
@@ -31,13 +31,6 @@ class Stack:
     worker: subprocess.Popen
     apis: list[subprocess.Popen]
     bases: list[str]  # the API replicas' base URLs
-
-
-def redis_server_binary() -> str:
-    server = os.environ.get("INFERQ_REDIS_SERVER") or shutil.which("redis-server")
-    if not server:
-        raise SystemExit("no redis-server: put one on PATH or set INFERQ_REDIS_SERVER")
-    return server
 
 
 @contextlib.contextmanager
@@ -74,9 +67,7 @@ def _start(
 ) -> Stack:
     redis_port, api_ports = free_port(), [free_port() for _ in range(api_replicas)]
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    redis_env = {}
-    if os.environ.get("INFERQ_REDIS_LIB"):  # a carried binary's libraries, for redis-server alone
-        redis_env["LD_LIBRARY_PATH"] = os.environ["INFERQ_REDIS_LIB"]
+    redis_env = redis_server_libraries()
     redis = service.start("redis", [redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
                                     data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
                           redis_env)  # fmt: skip

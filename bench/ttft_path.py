@@ -21,7 +21,6 @@ Writes ttft_path.{json,md} into --out (default $OUT).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing
 import os
 import statistics
@@ -112,20 +111,11 @@ class WorkerMarks:
 
 
 def _client_child(base: str, prompts: list[list[int]], new_tokens: int, queue) -> None:
-    """One request at a time, each connection opened and its request encoded before its clock starts."""
-    from bench.service_clients import _socket_stream, request_body
-    from bench.socket_clients import open_connection, request_bytes
+    """One request at a time, 20 ms apart (the worker idle again), each connection opened and its request
+    encoded before its clock starts; the rows go back through `queue`."""
+    from bench.service_clients import sequential_rows
 
-    async def run() -> list[dict]:
-        rows = []
-        for prompt in prompts:
-            connection = await open_connection(base)
-            request = request_bytes(base, request_body(prompt, new_tokens))  # model "bench": running_api's
-            rows.append(await _socket_stream(base, request, new_tokens, connection))
-            await asyncio.sleep(0.02)
-        return rows
-
-    queue.put(asyncio.run(run()))
+    queue.put(sequential_rows(base, prompts, new_tokens, "socket", gap_s=0.02))
 
 
 def _marked(rows: list[dict]) -> list[dict]:

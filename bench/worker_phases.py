@@ -44,7 +44,6 @@ class WorkerPhases:
         loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         self.cycles = LoopCycles()
-        self._records_seen = 0
         from bench.kernel_variants import VariantLog
 
         self.variants = VariantLog().install()
@@ -76,25 +75,14 @@ class WorkerPhases:
                 self.totals[key] = self.totals.get(key, 0.0) + end - start
                 self.calls[key] = self.calls.get(key, 0) + 1
                 self.cycles.add(key, end - start)
-                if name == "engine.step":
-                    self._add_step_records()
-                elif name == "_iteration":
+                if name == "_iteration":
                     self.cycles.end()
-                if name == "engine.step":  # the engine's busy span, on the clients' clock (CLOCK_MONOTONIC)
+                elif name == "engine.step":  # the engine's busy span, on the clients' clock (CLOCK_MONOTONIC)
+                    self.cycles.add_step_records(self.timer.records)
                     self.first_step_at = start if self.first_step_at is None else self.first_step_at
                     self.last_step_at = end
 
         return timed
-
-    def _add_step_records(self) -> None:
-        """The runner's records finished by this engine.step (the step whose tokens it read) go to the cycle."""
-        records = self.timer.records
-        for record in records[self._records_seen :]:
-            self.cycles.add("runner_host", record.host_s)
-            self.cycles.add("blocked", record.wait_s)
-            self.cycles.add("gpu", record.gpu_ms / 1e3)
-            self.cycles.step_read(record.num_seqs)
-        self._records_seen = len(records)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -120,7 +108,6 @@ class WorkerPhases:
         self.totals.clear()
         self.calls.clear()
         self.timer.records.clear()
-        self._records_seen = 0
         self.cycles.clear()
         self.started = time.perf_counter()
         self.first_step_at = self.last_step_at = None

@@ -81,12 +81,3 @@ def parse_priors(streams: list[str], results: list) -> list[PriorOutput]:
             raise result
         priors.append(parse_prior(result))
     return priors
-
-
-def fetch_priors(client: redis.Redis, streams: list[str]) -> list[PriorOutput]:
-    """Read every stream in one pipeline."""
-    if not streams:
-        return []
-    pipe = client.pipeline(transaction=False)
-    queue_prior_reads(pipe, streams)
-    return parse_priors(streams, pipe.execute(raise_on_error=False))

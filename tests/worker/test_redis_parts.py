@@ -15,7 +15,7 @@ from worker.intake import Intake
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys, ResultEvent, decode_event
 from worker.publisher import HANDOFF_IDLE_MS, Batch, EventWrite, Publisher
-from worker.resume import fetch_priors
+from worker.resume import parse_priors, queue_prior_reads
 
 
 def _token(seq: int, token: int, worker: str = "w1", index: int = 0) -> ResultEvent:
@@ -189,7 +189,9 @@ def test_priors_fold_tokens_per_choice(redis_server, prefix):
         )
     )
     assert publisher.close(5)
-    prior, empty = fetch_priors(client, [keys.result("p"), keys.result("nothing")])
+    streams, pipe = [keys.result("p"), keys.result("nothing")], client.pipeline(transaction=False)
+    queue_prior_reads(pipe, streams)  # as the admission queues them, beside its cancel keys' MGET
+    prior, empty = parse_priors(streams, pipe.execute(raise_on_error=False))
     assert prior.next_seq == 5 and prior.done_indices == {1}
     assert prior.engine_prior(2) == [[7, 9], [8]]
     assert not prior.is_complete(2) and prior.is_complete(1)
