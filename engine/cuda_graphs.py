@@ -22,11 +22,13 @@ and reads none:
 The graphs read their inputs from the InputBatch's device buffers at the fixed offsets of
 `decode_views` / `mixed_views`, so a replay is: stage the batch, one staging kernel, one launch.
 
-Small decode buckets (up to HEAD_MAX_ROWS rows) end in the LM head, in the model's dtype, and
-have a second graph that goes on to the greedy kernel: a batch-1 step whose every row is plain
-greedy is then one replay from the embedding to the [2, b] tokens, without the LM head's and the
-sampler's own launches and the gaps before them on the stream. Larger buckets, mixed steps and
-every other sampler take the hidden states (or the logits) and sample outside the graph.
+Every decode bucket has a graph that ends in the greedy kernel (through the LM head): a decode step
+whose every row is plain greedy is one replay from the embedding to the [2, b] tokens, without the LM
+head's and the greedy kernel's own launches from Python. Small decode buckets (up to HEAD_MAX_ROWS
+rows) also have a graph that ends in the logits, in the model's dtype, for the sampler; larger ones
+have one that ends at the hidden states instead, and their greedy graph keeps no logits (the [b, V]
+rows are a temporary of the graph's pool). Mixed steps and every other sampler take the hidden states
+(or the logits) and sample outside the graph.
 
 enforce_eager takes the same buckets and padding without capture (StepGraphs(capture=False) on
 CUDA): each bucket's forward runs once at start, so every kernel variant its steps take is built
@@ -80,11 +82,13 @@ MIXED_TOKEN_SIZES = (
 MAX_MIXED_GRAPH_TOKENS = MIXED_TOKEN_SIZES[-1]
 
 Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decode bucket
-# Decode buckets up to this many rows take the LM head (and, for plain greedy steps, the greedy kernel)
-# inside their graphs. Where it pays is batch-1 latency: a launch gap is a few microseconds of a ~1 ms
-# step (measured at batch 1 only: 2-4 us, bench/results/h100/zero_copy_session22/). The cap keeps the
-# logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k); that larger batches' longer
-# steps would not show the two launches outside is a reading, not a measurement.
+# Decode buckets up to this many rows keep the LM head's logits as a graph output (for the sampler, which
+# then skips the head's launch). Where it pays is batch-1 latency: a launch gap is a few microseconds of a
+# ~1 ms step (measured at batch 1 only: 2-4 us, bench/results/h100/zero_copy_session22/). The cap keeps the
+# logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k). Every decode bucket has the
+# greedy graph (head and greedy kernel inside): at the offline workload's 256-row steps (Qwen3-0.6B, H100)
+# launching the two outside the graph took ~0.4 ms of the step's host time (0.50-0.54 against 0.12-0.14 ms
+# for the runner's work after the replay; bench/results/h100/session30/).
 HEAD_MAX_ROWS = 8
 
 
@@ -93,7 +97,7 @@ class GraphOutputs:
     """What a bucket's replay leaves in its static buffers (read them before the next replay).
 
     hidden: [T_b, H] hidden states after the final norm.
-    logits: [b, V] the LM head's output in the model's dtype, where the bucket's graph ends in it.
+    logits: [b, V] the LM head's output in the model's dtype, where a small bucket's graph ran the head.
     tokens: [2, b] int64 (greedy token, 1 where the row's logits were all finite), where the replay
         ran the greedy graph.
     """
@@ -137,7 +141,7 @@ class StepGraphs:
         head: hidden [b, H] -> logits [b, V] in the model's dtype; None keeps every graph at the
             hidden states.
         greedy: logits [b, V] -> [2, b] int64 (token, finite); None leaves greedy outside the graphs.
-        head_max_rows: the largest decode bucket that ends in `head` (HEAD_MAX_ROWS).
+        head_max_rows: the largest decode bucket with a graph that ends in `head`'s logits (HEAD_MAX_ROWS).
     """
 
     def __init__(
@@ -170,7 +174,7 @@ class StepGraphs:
         self.enabled = True  # benchmarks switch replay off to time the eager path of the same engine
         self.num_replays = 0
         self.num_mixed_replays = 0
-        self.num_logits_replays = 0  # replays that ended in the LM head
+        self.num_logits_replays = 0  # replays that ran the LM head (the logits graphs, and the greedy ones after it)
         self.num_token_replays = 0  # ... and in the greedy kernel
         self.head_sizes = [b for b in self.sizes if b <= head_max_rows] if head is not None else []
         self._graphs: dict[tuple[Bucket, str], torch.cuda.CUDAGraph] = {}
@@ -198,11 +202,13 @@ class StepGraphs:
         return (t, self._mixed_seqs(t))
 
     def _ends(self, bucket: Bucket) -> tuple[str, ...]:
-        """Where the bucket's graphs stop: 'hidden', or 'logits' and (with a greedy callable) 'tokens'."""
+        """Where the bucket's graphs stop: 'hidden' for a mixed bucket; for a decode bucket 'logits' (small ones) or
+        'hidden', then (with a greedy callable) 'tokens'."""
         num_tokens, num_seqs = bucket
-        if num_tokens != num_seqs or num_seqs not in self.head_sizes:
+        if num_tokens != num_seqs or self.head is None:
             return ("hidden",)
-        return ("logits", "tokens") if self.greedy is not None else ("logits",)
+        first = "logits" if num_seqs in self.head_sizes else "hidden"
+        return (first, "tokens") if self.greedy is not None else (first,)
 
     def _body(self, bucket: Bucket, end: str) -> GraphOutputs:
         """The work a graph of `bucket` ending at `end` records (or, without capture, runs)."""
@@ -211,7 +217,12 @@ class StepGraphs:
         if end == "hidden":
             return GraphOutputs(hidden)
         logits = self.head(hidden)  # a decode bucket: one row per sequence
-        return GraphOutputs(hidden, logits, self.greedy(logits) if end == "tokens" else None)
+        tokens = self.greedy(logits) if end == "tokens" else None
+        if bucket[1] not in self.head_sizes:
+            # NOTE: dropped here so that a large bucket's [b, V] logits go back to the pool when its capture ends
+            # (a temporary of this graph, which later captures may reuse): only small buckets keep them
+            logits = None
+        return GraphOutputs(hidden, logits, tokens)
 
     @torch.inference_mode()
     def build(self) -> None:

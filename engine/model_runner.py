@@ -6,8 +6,9 @@ Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
 
 Per step the host does: one pass over the scheduled items into numpy views of pinned
 buffers (engine/input_batch.py), one kernel that reads them into the device's, one graph
-replay or eager forward, the LM head and sampling launches (inside the replay for small
-decode batches, the greedy kernel too when every row is plain greedy: engine/cuda_graphs.py),
+replay or eager forward, the LM head and sampling launches (both inside the replay for a
+decode step whose every row is plain greedy, the LM head alone for small decode batches:
+engine/cuda_graphs.py),
 one kernel that writes the sampled tokens into a pinned buffer, and ONE device sync (reading
 them, in `LaunchedStep.result()`) for batches where no request asks for logprobs (greedy in
 one kernel, sampling with temperature, top-k/p, min-p on the device). `launch` returns before

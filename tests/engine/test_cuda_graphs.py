@@ -203,9 +203,10 @@ def test_padded_static_decode_matches_the_plain_engine(kind: str, tiny_ckpt: Cal
     assert tokens == {rid: [t for t, _ in out] for rid, out in plain.items()}
 
 
-def test_small_decode_buckets_end_in_the_lm_head_and_the_greedy_kernel(tiny_ckpt: Callable[[str], Path]) -> None:
-    """Decode buckets of up to HEAD_MAX_ROWS rows run the LM head inside the graph, and plain greedy steps
-    the greedy kernel too; sampling steps take the graph's logits. Both give the plain engine's tokens."""
+def test_decode_buckets_end_in_greedy_and_small_ones_in_the_lm_head(tiny_ckpt: Callable[[str], Path]) -> None:
+    """Plain greedy decode steps of every bucket replay the graph that ends in the greedy kernel; sampling steps
+    take the LM head's logits from the graphs of buckets up to HEAD_MAX_ROWS rows and the hidden states from
+    larger ones. Both give the plain engine's tokens."""
     model_dir = tiny_ckpt("llama")
     prompts = random_prompts(len(ARRIVALS), 49152, 3, 40, seed=7)
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -218,12 +219,15 @@ def test_small_decode_buckets_end_in_the_lm_head_and_the_greedy_kernel(tiny_ckpt
     graphs = engine.runner.graphs
     assert graphs.head_sizes == [1, 2, 4, 8]
     assert run_staggered(engine, prompts, greedy, ARRIVALS) == want_greedy
+    decode_replays = graphs.num_replays - graphs.num_mixed_replays
     token_replays, logits_replays = graphs.num_token_replays, graphs.num_logits_replays
-    assert token_replays > 10 and logits_replays == token_replays  # every small greedy decode step
-    assert graphs.num_replays - graphs.num_mixed_replays > token_replays  # 16-row buckets end at the hidden states
+    assert token_replays == decode_replays > 10  # every greedy decode step, the 16-row bucket's too
+    assert logits_replays == token_replays
     assert run_staggered(engine, prompts, sampled, ARRIVALS) == want_sampled
     assert graphs.num_token_replays == token_replays  # sampling never takes the greedy graph
-    assert graphs.num_logits_replays > logits_replays + 10
+    sampled_decodes = graphs.num_replays - graphs.num_mixed_replays - decode_replays
+    # small buckets hand the sampler their logits; the 16-row bucket (9-11 rows) its hidden states
+    assert logits_replays + 10 < graphs.num_logits_replays < logits_replays + sampled_decodes
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's run of the kernels; on a GPU the graph tests cover it")
@@ -287,10 +291,14 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
     replays = engine.runner.graphs.num_replays
     assert replays > 20
     assert engine.runner.graphs.num_mixed_replays > 0  # prompts arriving while others decode: mixed graphs
+    graphs = engine.runner.graphs
+    decodes_before, tokens_before = graphs.num_replays - graphs.num_mixed_replays, graphs.num_token_replays
     tokens = run_staggered(engine, prompts, greedy, ARRIVALS)  # the greedy fast path after replays
     assert tokens == {rid: [t for t, _ in out] for rid, out in eager.items()}
-    assert engine.runner.graphs.num_replays > replays + 20
-    assert engine.runner.graphs.num_token_replays > 0  # small buckets sampled inside their graphs
+    assert graphs.num_replays > replays + 20
+    # every greedy decode step sampled inside its graph, the 16-row bucket's (9-11 rows) too
+    greedy_decodes = graphs.num_replays - graphs.num_mixed_replays - decodes_before
+    assert graphs.num_token_replays - tokens_before == greedy_decodes > 0
 
 
 @needs_gpu
