@@ -141,6 +141,14 @@ class ByteStreamDetokenizer(StopStringText):
             data = _join(table, new_token_ids)
         return self._release(self._utf8.decode(data), final=False)
 
+    def add_token(self, token_id: int) -> str:
+        """add_tokens([token_id]) without the list: the engine's call, once a step for every running request."""
+        if self.stopped:
+            return ""
+        table = self._bytes
+        data = table[token_id] if token_id < len(table) else _join(table, (token_id,))
+        return self._release(self._utf8.decode(data), final=False)
+
     def flush(self) -> str:
         """What is still held back, once generation has finished without a stop string."""
         if self.stopped:

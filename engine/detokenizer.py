@@ -125,6 +125,10 @@ class IncrementalDetokenizer(StopStringText):
             self._window = []
         return delta
 
+    def add_token(self, token_id: int) -> str:
+        """add_tokens([token_id]): the engine's call, once a step for every running request."""
+        return self.add_tokens((token_id,))
+
     def flush(self) -> str:
         """Everything still held back, once generation has finished without a stop string.
 

@@ -298,7 +298,9 @@ class ModelRunner:
                 ready.synchronize()
             tokens, ok = host[:, :num_rows].tolist()
             # The host has not appended these tokens yet: each one's position is the request's length.
-            errors = [None if good else _non_finite(r) for r, good in zip(requests, ok)]
+            errors = [None] * num_rows
+            if not all(ok):
+                errors = [None if good else _non_finite(r) for r, good in zip(requests, ok)]
             return ModelRunnerOutput(requests, tokens, [None] * num_rows, errors)
 
         return packed[0], read

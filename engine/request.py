@@ -80,12 +80,19 @@ class Request:
     error: str | None = None
     first_scheduled_time: float | None = None
     num_pending_tokens: int = 0  # sampled by a launched step, value not read yet (0 or 1)
-    max_num_tokens: int | None = None  # prompt + every output token allowed (max_tokens, max_model_len)
+    # prompt + every output token allowed (max_tokens, max_model_len): LLMEngine.add_request always sets it, and
+    # the engine's output loop stops a request at it; None only for requests the scheduler tests build
+    max_num_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("prompt must hold at least one token")
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        params = self.sampling_params
+        # the ids that end the output once min_tokens are out: built once, looked up for every token
+        self.stop_token_set: frozenset[int] = frozenset(params.stop_token_ids).union(
+            () if params.ignore_eos else self.eos_token_ids
+        )
 
     @property
     def num_prompt_tokens(self) -> int:

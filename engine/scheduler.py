@@ -21,7 +21,7 @@ from engine.config import SchedulerConfig
 from engine.request import FinishReason, Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step.
 
@@ -112,10 +112,21 @@ class Scheduler:
 
         # 1. Running requests first, in order; preempt from the tail when blocks run out.
         index = 0
+        tables, block_size = self.block_manager.block_tables, self.block_manager.block_size
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_new_tokens_needed, budget)
             if num_new <= 0:
+                index += 1
+                continue
+            # NOTE: the decode step's case, inline (this runs for every running request at every step): the
+            # new tokens fit in the blocks the request holds, so allocate_slots would change nothing
+            table = tables.get(request.request_id)
+            computed = request.num_computed_tokens
+            if table is not None and computed + num_new <= len(table) * block_size:
+                samples = computed + num_new == len(request.all_token_ids) + request.num_pending_tokens
+                out.scheduled.append(ScheduledRequest(request, num_new, computed, table, samples))
+                budget -= num_new
                 index += 1
                 continue
             while not self.block_manager.allocate_slots(request, num_new):
