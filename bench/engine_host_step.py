@@ -11,8 +11,9 @@ sampled inside the bucket's forward as a plain greedy step is there), `--request
 prompt tokens all decoding. Every other piece is the engine's own code; the bucket's forward, the GPU's work,
 is by default a stand-in that hands back a fixed random token for each row at once (`--forward model` runs
 the tiny model on the CPU instead, timed apart and left out, but its ~30 ms of Python-heavy torch work a step
-leaves the engine's objects out of the CPU's caches: `_process` measured 0.53 ms a step that way against
-0.14 ms for its parts run back to back, where a GPU host's engine only waits between steps).
+leaves the engine's objects out of the CPU's caches, where a GPU host's engine only waits between steps: on
+the dev box `_process` took 0.49 ms a step that way against 0.25 with the stand-in,
+bench/results/devbox/engine_host_step/).
 
 Each figure is the median over `--repeats` blocks of `--steps` steps, in ms per step.
 """

@@ -18,7 +18,7 @@ class OutputProcessing:
         # common case (a token, no logprobs, no stop) is written inline: no helper calls, the
         # output built positionally, the stop checks against what the request computed once
         # (stop_token_set, max_num_tokens). On the dev box that took it from 13 to 4 us a request
-        # (with engine/byte_level.py's detokenizer), then to ~1.6 (bench/engine_host_step.py).
+        # (with engine/byte_level.py's detokenizer), then to ~1 us (bench/engine_host_step.py, warm caches).
         outputs = []
         detokenizers = self._detokenizers
         finished, stop, length = RequestStatus.FINISHED, FinishReason.STOP, FinishReason.LENGTH
