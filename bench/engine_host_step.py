@@ -170,36 +170,27 @@ def measure(num_requests: int, steps: int, repeats: int, forward: str = "stand-i
 def markdown(result: dict) -> str:
     from bench.report import table
 
+    meta = result["meta"]
     rows = [{"piece": label, "ms": result["ms_per_step"][key]} for key, label in PIECES]
     return "\n".join([
         "# inferq engine host step (CPU)", "",
-        f"{result['date']} · python {result['python']} · torch {result['torch']} · {result['cpu']} · "
+        f"{meta['date']} · python {meta['python']} · torch {meta['torch']} · {meta['cpu']} · "
         f"{result['requests']} plain greedy requests decoding, median of {result['repeats']} x {result['steps']} steps",
         "", table(rows, [("piece", "piece", ""), ("ms", "ms per step", ".3f")]), "",
         f"The bucket's forward ({result['forward']}, left out): {result['ms_per_step']['forward']:.3f} ms a step.", "",
     ])  # fmt: skip
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main(argv=None) -> dict:
     import torch
 
-    from bench.engine_common import write_results
+    from bench.engine_common import environment, write_results
 
     args = _parse_args(argv)
     result = {
-        "date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0], "torch": torch.__version__,
-        "cpu": _cpu_name(), "requests": args.requests, "steps": args.steps, "repeats": args.repeats,
-        "forward": args.forward, "ms_per_step": measure(args.requests, args.steps, args.repeats, args.forward),
+        "meta": environment(torch.device("cpu")), "requests": args.requests, "steps": args.steps,
+        "repeats": args.repeats, "forward": args.forward,
+        "ms_per_step": measure(args.requests, args.steps, args.repeats, args.forward),
     }  # fmt: skip
     text = markdown(result)
     write_results(Path(args.out), STEM, result, text)

@@ -137,14 +137,10 @@ class BlockManager:
         Returns:
             False, changing nothing, when the free blocks do not suffice.
         """
-        table = self.block_tables.get(request.request_id)
-        # The decode step's case first: the new tokens fit in the blocks the request holds (the
-        # general path below finds that too, at three times the host time, per request and step).
-        fits = table is not None and request.num_computed_tokens + num_new_tokens <= len(table) * self.block_size
-        if fits and not computed_blocks:
-            return True
+        # NOTE: new tokens that fit in the blocks the request holds (a decode step's case) need no call here: the
+        # scheduler checks that inline for every running request (this path finds it too, at more host time).
+        table = self.block_tables.get(request.request_id, [])
         computed_blocks = computed_blocks or []
-        table = table if table is not None else []
         num_needed = self.num_blocks_needed(request.num_computed_tokens + num_new_tokens)
         num_new_blocks = num_needed - len(table) - len(computed_blocks)
         # Hits sitting in the free queue are taken out of it, so they do not count as free.

@@ -131,18 +131,15 @@ class ByteStreamDetokenizer(StopStringText):
 
     def add_tokens(self, new_token_ids: Sequence[int]) -> str:
         """Feed the next output tokens; returns the text now safe to emit ("" once stopped)."""
+        if len(new_token_ids) == 1:
+            return self.add_token(new_token_ids[0])
         if self.stopped or not new_token_ids:
             return ""
-        # NOTE: one token a step is the common case (decode), and this runs for every running request
-        table = self._bytes
-        if len(new_token_ids) == 1 and new_token_ids[0] < len(table):
-            data = table[new_token_ids[0]]
-        else:
-            data = _join(table, new_token_ids)
-        return self._release(self._utf8.decode(data), final=False)
+        return self._release(self._utf8.decode(_join(self._bytes, new_token_ids)), final=False)
 
     def add_token(self, token_id: int) -> str:
-        """add_tokens([token_id]) without the list: the engine's call, once a step for every running request."""
+        """add_tokens([token_id]) without the list: the engine's call, once a step for every running request (the
+        common case: one token a step)."""
         if self.stopped:
             return ""
         table = self._bytes

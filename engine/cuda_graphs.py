@@ -182,6 +182,7 @@ class StepGraphs:
         self._views = {(b, b): inputs.decode_views(b) for b in self.sizes}
         for t in self.mixed_sizes:
             self._views[(t, self._mixed_seqs(t))] = inputs.mixed_views(t, self._mixed_seqs(t))
+        self._bucket_ends = {bucket: self._ends(bucket) for bucket in self._views}  # fixed at start; read every step
 
     def _mixed_seqs(self, num_tokens: int) -> int:
         return min(num_tokens - 1, self.inputs.max_num_seqs)
@@ -243,7 +244,7 @@ class StepGraphs:
                 self.inputs.fill_dummy_decode(num_seqs)
             else:
                 self.inputs.fill_dummy_mixed(num_tokens, num_seqs)
-            ends = self._ends(bucket)
+            ends = self._bucket_ends[bucket]
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 # the longest body (its last end) runs every kernel the bucket's graphs hold: compiles them,
@@ -272,7 +273,7 @@ class StepGraphs:
 
         NOTE: the outputs are the graph's static buffers: read them before the next run.
         """
-        ends = self._ends(bucket)
+        ends = self._bucket_ends[bucket]
         end = "tokens" if greedy and "tokens" in ends else ends[0]
         self.num_replays += 1
         self.num_mixed_replays += bucket[0] != bucket[1]

@@ -119,13 +119,11 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
-            # NOTE: the decode step's case, inline (this runs for every running request at every step): the
-            # new tokens fit in the blocks the request holds, so allocate_slots would change nothing
+            # NOTE: the decode step's case first (this runs for every running request at every step): the new
+            # tokens fit in the blocks the request holds, so there is nothing to allocate
             table = tables.get(request.request_id)
-            computed = request.num_computed_tokens
-            if table is not None and computed + num_new <= len(table) * block_size:
-                samples = computed + num_new == len(request.all_token_ids) + request.num_pending_tokens
-                out.scheduled.append(ScheduledRequest(request, num_new, computed, table, samples))
+            if table is not None and request.num_computed_tokens + num_new <= len(table) * block_size:
+                out.scheduled.append(self._scheduled(request, num_new, table))
                 budget -= num_new
                 index += 1
                 continue
@@ -207,11 +205,13 @@ class Scheduler:
         out.preempted_request_ids.append(request.request_id)
         return refund
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(self, request: Request, num_new: int, block_ids: list[int] | None = None) -> ScheduledRequest:
+        """block_ids: the request's block table when the caller has it (the block manager's own list)."""
+        computed = request.num_computed_tokens
         return ScheduledRequest(
-            request=request,
-            num_new_tokens=num_new,
-            num_computed_tokens=request.num_computed_tokens,
-            block_ids=self.block_manager.get_block_ids(request.request_id),
-            samples=request.num_computed_tokens + num_new == request.num_tokens_with_pending,
+            request,
+            num_new,
+            computed,
+            block_ids if block_ids is not None else self.block_manager.get_block_ids(request.request_id),
+            computed + num_new == request.num_tokens_with_pending,
         )

@@ -176,6 +176,15 @@ def test_a_big_step_ending_inside_a_character_holds_it_back(tokenizer, chunk, ma
     assert det.text == tokenizer.decode(ids)
 
 
+def test_add_token_gives_what_add_tokens_of_one_token_gives(tokenizer, make):
+    """The engine feeds each step's token through add_token; it must be add_tokens([token]), stop included."""
+    ids = encode(tokenizer, MULTILINGUAL_TEXT)
+    one, listed = make([], stop=["∞"]), make([], stop=["∞"])
+    assert [one.add_token(t) for t in ids] == [listed.add_tokens([t]) for t in ids]
+    assert one.stopped and one.text == listed.text
+    assert one.text == MULTILINGUAL_TEXT[: MULTILINGUAL_TEXT.index("∞")]
+
+
 def test_stop_string_spanning_three_tokens_is_cut_exactly(tokenizer, make):
     ids = encode(tokenizer, "The answer is forty-two. Then more text follows here.")
     # " forty" "-" "two": the stop string starts inside the first token and ends inside the third.
