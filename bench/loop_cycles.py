@@ -23,13 +23,14 @@ COLUMNS = (
     ("gpu", "GPU of the step"),
     ("engine_host", "engine.step host (not blocked)"),
     ("runner_host", "of it, runner launch"),
-    ("_read_during_step", "of it, reads sent"),
+    ("_read_during_step", "of it, reads sent"),  # trees before session 31 sent them during the step
     ("blocked", "blocked on the GPU"),
     ("after_step", "after the step"),
     ("events_for_outputs", "of it, events"),
     ("publisher.submit", "of it, to the publisher"),
     ("_finish_step_reads", "of it, replies"),
     ("step_reads.receive", "of them, off the socket"),
+    ("_send_reads_for_step", "of it, next reads sent"),
     ("before_step", "before the step (admit, drops)"),
 )
 

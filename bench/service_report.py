@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.loop_cycles import ENGINE_COLUMNS, cycles_markdown
+from bench.step_reads_clock import clock_line
 
 
 def _s(value: float | None) -> str:
@@ -42,9 +43,10 @@ def phases_line(phases: dict | None) -> str:
         f"(GPU busy {phases['gpu_busy_s']:.2f} s; host in the runner {phases['runner_host_s']:.2f} s, blocked on "
         f"the GPU {phases['blocked_s']:.2f} s, scheduler/detokenizer/outputs {phases['engine_host_s']:.2f} s), "
         f"events and bookkeeping after the step {p.get('_step', 0) - p.get('engine.step', 0):.2f} s, admitting "
-        f"while running {p.get('_admit_if_due', 0):.2f} s, reads sent during the steps (overlapping the GPU) "
-        f"{p.get('_read_during_step', 0):.2f} s, intake while idle {p.get('_intake', 0):.2f} s "
-        f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), replies of the reads sent during the steps "
+        f"while running {p.get('_admit_if_due', 0):.2f} s, the steps' reads sent "
+        f"{p.get('_read_during_step', 0) + p.get('_send_reads_for_step', 0):.2f} s (during each step's forward pass "
+        f"before session 31, after the step before it since), intake while idle {p.get('_intake', 0):.2f} s "
+        f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), replies of the steps' reads "
         f"(cancel check, new messages) {p.get('_finish_step_reads', 0):.2f} s (inside 'events and bookkeeping'; "
         f"of it, reading the replies off the socket {p.get('step_reads.receive', 0):.2f} s), "
         f"building the step's events {p.get('events_for_outputs', 0):.2f} s and handing batches to the publisher "
@@ -188,6 +190,7 @@ def markdown(r: dict) -> str:
         repeats_line(r),
         "",
         phases_line(svc.get("worker_phases")),
+        clock_line((svc.get("worker_phases") or {}).get("step_reads_clock")),
         "",
         timeline_line(svc.get("timeline_s")),
         "",

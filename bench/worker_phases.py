@@ -14,10 +14,12 @@ import signal
 import time
 from pathlib import Path
 
-# Worker methods timed (each call's wall time, summed); _iteration holds all the others, and
-# _read_during_step runs inside engine.step, while the GPU works; _finish_step_reads inside _step, after it.
-LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_finish_step_reads", "_check_cancels",
-               "_drop_late", "_drop_lost", "_step")  # fmt: skip
+# Worker methods timed (each call's wall time, summed); _iteration holds all the others. _finish_step_reads runs
+# inside _step, after engine.step; the reads' send inside _step too (_send_reads_for_step, at its end, since
+# session 31), or inside engine.step while the GPU works (_read_during_step, earlier trees: the service A/B runs
+# this file against them). A name the worker lacks is skipped.
+LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_send_reads_for_step",
+               "_finish_step_reads", "_check_cancels", "_drop_late", "_drop_lost", "_step")  # fmt: skip
 
 
 class WorkerPhases:
@@ -28,7 +30,7 @@ class WorkerPhases:
         self.worker, self.result_path = worker, result_path
         self.totals: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        for name in LOOP_PHASES:
+        for name in (name for name in LOOP_PHASES if hasattr(worker, name)):
             setattr(worker, name, self._timed(name, getattr(worker, name)))
         worker._receive = self._first_call("first_read_at", worker._receive)
         worker._admit = self._first_call("first_admit_at", worker._admit)
@@ -40,6 +42,10 @@ class WorkerPhases:
         worker.publisher.submit = self._timed("publisher.submit", worker.publisher.submit)
         # Inside _finish_step_reads: the replies' wait alone (the rest parses new messages and resolves cancels).
         # Session 28 saw 0.28-0.50 s a run in _finish_step_reads on H100 hosts without knowing the wait's share.
+        # Below the timer: Redis's clock on each send's replies (bench/step_reads_clock.py)
+        from bench.step_reads_clock import StepReadsClock
+
+        self.reads_clock = StepReadsClock(worker.step_reads)
         worker.step_reads.receive = self._timed("step_reads.receive", worker.step_reads.receive)
         loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
@@ -109,6 +115,7 @@ class WorkerPhases:
         self.calls.clear()
         self.timer.records.clear()
         self.cycles.clear()
+        self.reads_clock.clear()
         self.started = time.perf_counter()
         self.first_step_at = self.last_step_at = None
         self.marks.clear()
@@ -145,6 +152,7 @@ class WorkerPhases:
             "first_steps": first_steps(records),
             "loop_cycles": self.cycles.summary(),
             "kernel_variants": self.variants.summary(),
+            "step_reads_clock": self.reads_clock.summary(),
         }
 
     def write(self) -> None:

@@ -25,6 +25,12 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert phases["events_for_outputs"] > 0 and phases["publisher.submit"] > 0
     assert 0 < phases["step_reads.receive"] <= phases["_finish_step_reads"]  # the replies' wait, inside
     assert "reading the replies off the socket" in text
+    # Redis's clock on the step reads: every send answered, on the host's clock, before the receive returned
+    clock = result["service"]["worker_phases"]["step_reads_clock"]
+    assert clock["sends"] > 0 and 0 <= clock["answered_late_share"] <= 1
+    assert -5 < clock["answered_after_send_ms"]["p50"] < clock["answered_after_send_ms"]["max"] + 1e-9
+    assert 0 <= clock["receive_ms"]["p50"] <= clock["receive_ms"]["max"]
+    assert 0 < len(clock["longest_receives"]) <= 5 and "Redis's TIME appended" in text
     assert "handing batches to the publisher" in text
     # the default load generator, and both paths' first steps one by one
     assert result["service"]["client"] == "socket" and "socket clients" in text
