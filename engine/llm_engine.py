@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -239,7 +238,7 @@ class LLMEngine(OutputProcessing):
         return self._in_flight is not None and any(not s.request.is_finished for s in self._in_flight[0].scheduled)
 
     # ---- the step ---------------------------------------------------------------
-    def step(self, during_forward: Callable[[], None] | None = None) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput]:
         """One scheduling decision through the model; returns the outputs that became known.
 
         With async scheduling (see EngineConfig) that is the step launched by the previous call:
@@ -247,11 +246,6 @@ class LLMEngine(OutputProcessing):
         tokens while the device runs the new one. A request that finished in the previous step
         (EOS, a stop string) may already be in the new step: its extra token is dropped. The
         last call, with nothing left to schedule, only reads.
-
-        during_forward: called once the step's GPU work is launched and before the host waits for
-            the previous step's tokens, so that a caller's own I/O (the worker's Redis reads)
-            overlaps the forward pass. It must not touch this engine (the step is half done); on
-            CPU it runs after the forward.
         """
         started = time.monotonic()
         outputs: list[RequestOutput] = []
@@ -278,8 +272,6 @@ class LLMEngine(OutputProcessing):
                 self._num_prompt_computed += item.num_new_tokens
         for request in launched.requests:
             request.num_pending_tokens += 1
-        if during_forward is not None:
-            during_forward()
         outputs += self._collect()
         self._in_flight = (sched, launched)
         if not overlap:

@@ -7,11 +7,11 @@ Each iteration of `Worker.run`:
 3. drop not-yet-started requests past deadline;
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
    no Redis wait), after them the aborts of the requests found cancelled.
-While the engine has work, the reads ride inside the step: once the forward pass is launched the
-engine calls `_read_during_step`, which sends the cancel check and the read of new messages
-without waiting (worker/step_reads.py); their replies are read once the step's outputs are
-turned into events and handed to the publisher, so the round trip overlaps the GPU and the loop's
-own work. The next iteration admits the messages found. Reading and admitting live in
+While the engine has work, the reads ride the steps: at the end of each step the loop sends the
+next step's cancel check and read of new messages without waiting (`_send_step_reads`,
+worker/step_reads.py), and reads their replies once that next step's outputs are turned into
+events and handed to the publisher, so the round trip overlaps a whole iteration: the GPU and the
+loop's own work. The next iteration admits the messages found. Reading and admitting live in
 worker/loop_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
@@ -199,9 +199,11 @@ class Worker(IntakeLoop):
     # ---- one iteration -----------------------------------------------------------------------------
     def _iteration(self) -> None:
         self._drop_lost()
+        if self._step_reads_sent is not None and not self.engine.has_unfinished_requests():
+            self._finish_reads_sent()  # sent for a step that will not run: its requests were dropped
         if self.engine.has_unfinished_requests():
-            # Busy: new messages were read while the last step's forward pass was on the GPU
-            # (_read_during_step); admitting them changes the engine, so it happens here.
+            # Busy: new messages were read over the last step (_send_step_reads); admitting them
+            # changes the engine, so it happens here.
             self._admit_if_due()
         elif not self.is_draining:
             self._intake()
@@ -246,10 +248,10 @@ class Worker(IntakeLoop):
         return True
 
     def _finish_step_reads(self, batch: Batch) -> bool:
-        """After a step's outputs: read the replies of what `_send_step_reads` sent during it (new
+        """After a step's outputs: read the replies of what `_send_step_reads` sent for it (new
         messages go to the window; cancels are aborted, their events and acks into `batch`, which is
-        submitted after the step's own). A step that sent nothing (nothing was launched) checks
-        cancels on its own."""
+        submitted after the step's own). Where nothing was sent (no commands, or Redis was away),
+        the cancels are checked in round trips of their own."""
         sent, self._step_reads_sent = self._step_reads_sent, None
         if sent is None:  # the round trips the step could not carry
             if not self.jobs:
@@ -310,8 +312,10 @@ class Worker(IntakeLoop):
 
     # ---- stepping ----------------------------------------------------------------------------------
     def _step(self) -> None:
+        if self._step_reads_sent is None:  # the first step after idle: no step before it sent its reads
+            self._send_reads_for_step()
         started = time.monotonic()
-        outputs = self.engine.step(during_forward=self._read_during_step)
+        outputs = self.engine.step()
         self.metrics.step_seconds.observe(time.monotonic() - started)
         record = self.engine.last_step
         for internal_id in record.new_request_ids:
@@ -323,14 +327,11 @@ class Worker(IntakeLoop):
             last = next(e.event for e in reversed(batch.events) if e.request_id == job.request_id)
             self._finish(job, batch, last.finish_reason or "error")
         # NOTE: the step's events go to the publisher before the loop reads the replies of the step's
-        # reads: packing them gives Redis that much longer to answer (the replies queue behind the
-        # previous step's event script there), and the tokens reach the clients sooner. Aborts of
-        # cancelled requests follow in a batch of their own, after this step's tokens, as before.
+        # reads, so that the tokens reach the clients sooner. Aborts of cancelled requests follow in a
+        # batch of their own, after this step's tokens.
         self.publisher.submit(batch)
         if self._step_reads_sent is not None or (self.jobs and self._redis_usable()):
-            aborts = Batch()
-            self._redis_call(lambda: self._finish_step_reads(aborts))
-            self.publisher.submit(aborts)
+            self._finish_reads_sent()
 
         stats, previous = self.engine.stats(), self._last_stats
         self._last_stats = stats
@@ -346,6 +347,17 @@ class Worker(IntakeLoop):
             )
         )
         self._snapshot = self._make_snapshot()
+        if self.engine.has_unfinished_requests():
+            # NOTE: sent now, not while the next step's forward pass runs: Redis answers before the publisher's
+            # script of this step's events reaches it (the child spends ~1-3 ms encoding them first), where the
+            # reads sent during the next step queued behind that script and the loop waited 0.4-0.8 ms an
+            # iteration for their replies on slower H100 hosts (bench/results/h100/session31/).
+            self._send_reads_for_step()
+
+    def _finish_reads_sent(self) -> None:
+        aborts = Batch()
+        self._redis_call(lambda: self._finish_step_reads(aborts))
+        self.publisher.submit(aborts)
 
     def _refresh_stats(self) -> None:
         """After aborts outside a step: the heartbeat must show the freed KV blocks now, not after

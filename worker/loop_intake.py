@@ -24,15 +24,15 @@ class StepReadsSent:
 
 
 class IntakeLoop:
-    def _read_during_step(self) -> None:
-        """The engine's during_forward hook: send the step's reads (new messages, the cancel check)
-        while the GPU runs the step; `_finish_step_reads` reads their replies after the step's
-        outputs. Redis only; the engine is mid-step and is not touched."""
+    def _send_reads_for_step(self) -> None:
+        """Send the next step's reads (new messages, the cancel check) without waiting;
+        `_finish_step_reads` reads their replies after that step's outputs. Redis only: the
+        engine is not touched."""
         try:
             if self._redis_usable():
                 self._redis_call(self._send_step_reads)
         except Exception:  # a bug here must not fail the step's requests
-            logger.exception("reading from Redis during a step failed")
+            logger.exception("sending a step's reads to Redis failed")
 
     def _send_step_reads(self) -> bool:
         """Own pending messages and claims (rare) are read at once; the cancel check and the read of

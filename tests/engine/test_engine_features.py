@@ -190,31 +190,3 @@ def test_context_limit_finishes_with_length(tiny_llama_dir: Path, engine) -> Non
     engine = like(engine, tiny_llama_dir, max_model_len=32)
     tokens = generate(engine, [7] * 20, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
     assert len(tokens) == 12
-
-
-def test_during_forward_runs_once_per_step_before_the_outputs_and_changes_nothing(engine) -> None:
-    """The worker's Redis reads ride on this hook: once per step that runs the model, with the
-    step's requests not yet advanced (async: nor by the previous step, whose tokens are read
-    after the hook), and the tokens the same as without it."""
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    prompts = random_prompts(3, engine.vocab_size, 5, 30, seed=7)
-    expected = {f"p{i}": generate(engine, p, params, request_id=f"p{i}") for i, p in enumerate(prompts)}
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"q{i}", prompt, params)
-    seen: list[list[int]] = []
-
-    def during_forward() -> None:  # the step's requests have not been given this step's token yet
-        seen.append([engine.requests[f"q{i}"].num_output_tokens for i in range(3) if f"q{i}" in engine.requests])
-
-    tokens: dict[str, list[int]] = {f"q{i}": [] for i in range(3)}
-    steps = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step(during_forward=during_forward):
-            tokens[out.request_id] += out.new_token_ids
-        steps += 1
-    lag = 1 if engine.async_scheduling else 0  # async: the last call launches nothing, it only reads
-    assert len(seen) == steps - lag
-    assert seen[0] == [0, 0, 0] and seen[1 + lag] == [1, 1, 1]
-    if lag:
-        assert seen[1] == [0, 0, 0]
-    assert [tokens[f"q{i}"] for i in range(3)] == [expected[f"p{i}"] for i in range(3)]

@@ -31,6 +31,7 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert -5 < clock["answered_after_send_ms"]["p50"] < clock["answered_after_send_ms"]["max"] + 1e-9
     assert 0 <= clock["receive_ms"]["p50"] <= clock["receive_ms"]["max"]
     assert 0 < len(clock["longest_receives"]) <= 5 and "Redis's TIME appended" in text
+    assert phases["_send_reads_for_step"] > 0  # the reads go out after the step before theirs
     assert "handing batches to the publisher" in text
     # the default load generator, and both paths' first steps one by one
     assert result["service"]["client"] == "socket" and "socket clients" in text

@@ -210,7 +210,7 @@ def test_cancel_frees_kv_blocks_within_two_steps(redis_server, prefix, worker_mo
 
 
 @both_schedulings
-def test_busy_worker_sends_its_cancel_checks_during_the_steps(redis_server, prefix, worker_model_dir, engine):
+def test_busy_worker_sends_its_cancel_checks_ahead_of_the_steps(redis_server, prefix, worker_model_dir, engine):
     keys, client = Keys(prefix), redis_server.client()
     with ThreadWorker(make_settings(redis_server, prefix, worker_model_dir), engine=engine) as tw:
         worker = tw.worker
@@ -225,9 +225,31 @@ def test_busy_worker_sends_its_cancel_checks_during_the_steps(redis_server, pref
         time.sleep(0.2)
         steps = worker.engine.last_step.step
     assert steps >= 40
-    assert sum("GET" in names for names in sends) >= 35  # one check per launched step, sent during it
+    assert sum("GET" in names for names in sends) >= 35  # one check per step, sent ahead of it
     # Round trips of their own only where a step launched nothing (the last read of an async run).
     assert len(own_checks) <= 3, own_checks
+
+
+def test_reads_sent_for_a_step_that_never_ran_are_read_when_the_loop_goes_idle(
+    redis_server, prefix, worker_model_dir, engine
+):
+    """A step's reads go out when the step before it ends. Where its requests are dropped before it runs
+    (deadline, takeover), the idle loop reads the replies first: a message that read delivered is admitted
+    now, not left in the socket until the next step (none may come) or a claim pass."""
+    keys, client = Keys(prefix), redis_server.client()
+    worker = Worker(make_settings(redis_server, prefix, worker_model_dir), engine=engine)
+    try:
+        worker.intake.ensure_group()
+        worker._need_own_pending = False  # the loop's steady state: its own pending were read at start
+        submit(client, keys, "arrived", prompt_token_ids=[5, 6, 7], params={"max_tokens": 2})
+        worker._send_reads_for_step()  # as a busy step's end does
+        assert worker.step_reads.pending and worker._step_reads_sent.read_new
+        assert not worker.engine.has_unfinished_requests()  # ... and then its requests were gone
+        worker._iteration()
+        assert "arrived" in worker.jobs  # read off the socket and admitted in this iteration
+    finally:
+        worker.step_reads.close()
+        worker.client.close()
 
 
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
