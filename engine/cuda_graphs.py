@@ -22,13 +22,16 @@ and reads none:
 The graphs read their inputs from the InputBatch's device buffers at the fixed offsets of
 `decode_views` / `mixed_views`, so a replay is: stage the batch, one staging kernel, one launch.
 
-Every decode bucket has a graph that ends in the greedy kernel (through the LM head): a decode step
-whose every row is plain greedy is one replay from the embedding to the [2, b] tokens, without the LM
-head's and the greedy kernel's own launches from Python. Small decode buckets (up to HEAD_MAX_ROWS
-rows) also have a graph that ends in the logits, in the model's dtype, for the sampler; larger ones
-have one that ends at the hidden states instead, and their greedy graph keeps no logits (the [b, V]
-rows are a temporary of the graph's pool). Mixed steps and every other sampler take the hidden states
-(or the logits) and sample outside the graph.
+Every bucket has a graph that ends in the greedy kernel (through the LM head): a step whose every
+sampling row is plain greedy is one replay from the embedding to the [2, S_b] tokens, without the LM
+head's and the greedy kernel's own launches from Python (~0.4-0.5 ms of host time a step on the H100
+hosts, bench/results/h100/session30/). A mixed bucket's greedy graph gathers S_b rows of the hidden
+states first (`InputBatch.mixed_sampling_rows`: the step's R sampling rows, then row 0 as padding),
+so its tokens' first R rows are the requests'. Small decode buckets (up to HEAD_MAX_ROWS rows) also
+have a graph that ends in the logits, in the model's dtype, for the sampler; larger decode buckets and
+every mixed bucket have one that ends at the hidden states instead, and their greedy graphs keep no
+logits (the [S_b, V] rows are a temporary of the graph's pool). Every other sampler takes the hidden
+states (or the logits) and samples outside the graph.
 
 enforce_eager takes the same buckets and padding without capture (StepGraphs(capture=False) on
 CUDA): each bucket's forward runs once at start, so every kernel variant its steps take is built
@@ -85,10 +88,10 @@ Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decod
 # Decode buckets up to this many rows keep the LM head's logits as a graph output (for the sampler, which
 # then skips the head's launch). Where it pays is batch-1 latency: a launch gap is a few microseconds of a
 # ~1 ms step (measured at batch 1 only: 2-4 us, bench/results/h100/zero_copy_session22/). The cap keeps the
-# logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k). Every decode bucket has the
-# greedy graph (head and greedy kernel inside): at the offline workload's 256-row steps (Qwen3-0.6B, H100)
-# launching the two outside the graph took ~0.4 ms of the step's host time (0.50-0.54 against 0.12-0.14 ms
-# for the runner's work after the replay; bench/results/h100/session30/).
+# logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k). Every bucket, mixed ones too,
+# has the greedy graph (head and greedy kernel inside): at the offline workload's 256-row steps (Qwen3-0.6B,
+# H100) launching the two outside the graph took ~0.4 ms of the step's host time (0.50-0.54 against
+# 0.12-0.14 ms for the runner's work after the replay; bench/results/h100/session30/).
 HEAD_MAX_ROWS = 8
 
 
@@ -98,8 +101,8 @@ class GraphOutputs:
 
     hidden: [T_b, H] hidden states after the final norm.
     logits: [b, V] the LM head's output in the model's dtype, where a small bucket's graph ran the head.
-    tokens: [2, b] int64 (greedy token, 1 where the row's logits were all finite), where the replay
-        ran the greedy graph.
+    tokens: [2, S_b] int64 (greedy token, 1 where the row's logits were all finite), where the replay
+        ran the greedy graph; rows 0..R-1 are the step's sampling rows.
     """
 
     hidden: torch.Tensor
@@ -180,8 +183,11 @@ class StepGraphs:
         self._graphs: dict[tuple[Bucket, str], torch.cuda.CUDAGraph] = {}
         self._outputs: dict[tuple[Bucket, str], GraphOutputs] = {}
         self._views = {(b, b): inputs.decode_views(b) for b in self.sizes}
+        self._mixed_rows: dict[Bucket, torch.Tensor] = {}  # the rows a mixed bucket's greedy graph samples
         for t in self.mixed_sizes:
-            self._views[(t, self._mixed_seqs(t))] = inputs.mixed_views(t, self._mixed_seqs(t))
+            bucket = (t, self._mixed_seqs(t))
+            self._views[bucket] = inputs.mixed_views(*bucket)
+            self._mixed_rows[bucket] = inputs.mixed_sampling_rows(*bucket)
         self._bucket_ends = {bucket: self._ends(bucket) for bucket in self._views}  # fixed at start; read every step
 
     def _mixed_seqs(self, num_tokens: int) -> int:
@@ -202,13 +208,15 @@ class StepGraphs:
         t = self.mixed_sizes[bisect.bisect_left(self.mixed_sizes, num_tokens)]
         return (t, self._mixed_seqs(t))
 
+    def _is_small_decode(self, bucket: Bucket) -> bool:
+        return bucket[0] == bucket[1] and bucket[1] in self.head_sizes
+
     def _ends(self, bucket: Bucket) -> tuple[str, ...]:
-        """Where the bucket's graphs stop: 'hidden' for a mixed bucket; for a decode bucket 'logits' (small ones) or
-        'hidden', then (with a greedy callable) 'tokens'."""
-        num_tokens, num_seqs = bucket
-        if num_tokens != num_seqs or self.head is None:
+        """Where the bucket's graphs stop: 'logits' (small decode buckets) or 'hidden', then (with a greedy
+        callable) 'tokens'."""
+        if self.head is None:
             return ("hidden",)
-        first = "logits" if num_seqs in self.head_sizes else "hidden"
+        first = "logits" if self._is_small_decode(bucket) else "hidden"
         return (first, "tokens") if self.greedy is not None else (first,)
 
     def _body(self, bucket: Bucket, end: str) -> GraphOutputs:
@@ -217,11 +225,12 @@ class StepGraphs:
         hidden = self.forward(ids, positions, meta)
         if end == "hidden":
             return GraphOutputs(hidden)
-        logits = self.head(hidden)  # a decode bucket: one row per sequence
+        rows = self._mixed_rows.get(bucket)  # a decode bucket samples every row as it is
+        logits = self.head(hidden if rows is None else hidden.index_select(0, rows))
         tokens = self.greedy(logits) if end == "tokens" else None
-        if bucket[1] not in self.head_sizes:
-            # NOTE: dropped here so that a large bucket's [b, V] logits go back to the pool when its capture ends
-            # (a temporary of this graph, which later captures may reuse): only small buckets keep them
+        if not self._is_small_decode(bucket):
+            # NOTE: dropped here so that a large bucket's [S_b, V] logits go back to the pool when its capture ends
+            # (a temporary of this graph, which later captures may reuse): only small decode buckets keep them
             logits = None
         return GraphOutputs(hidden, logits, tokens)
 
@@ -269,7 +278,8 @@ class StepGraphs:
     def run(self, bucket: Bucket, greedy: bool = False) -> GraphOutputs:
         """Runs the padded forward of `bucket` over the staged inputs, with the LM head where the
         bucket's graphs end in it, and the greedy kernel too when `greedy` (the caller's word that
-        every row samples, plainly greedy) and the bucket has that graph.
+        every sampling row samples plainly greedy, and for a decode bucket that its rows are the
+        step's first S) and the bucket has that graph.
 
         NOTE: the outputs are the graph's static buffers: read them before the next run.
         """

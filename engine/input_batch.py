@@ -10,7 +10,8 @@ Two packed buffers, host staging (pinned on CUDA) and device mirror, same offset
 field starting at a multiple of a = align(T) or b = align(S + 1) elements (align rounds up to
 16, so every pointer a kernel gets is 16-byte aligned and Triton compiles one variant):
 
-    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a]
+    i64: [input_ids T | pad | positions T at a | pad | slot_mapping T at 2a | pad | logits_rows R at 3a
+          (S_b of them in a step padded to a mixed bucket: row 0 past the step's own)]
     i32: [seq_lens S | pad | query_start_loc S+1 at b | pad | block-table rows S x M at 2b (host only)]
 
 The offsets depend only on (T, S), so a CUDA graph captured for a decode batch of S = T = b
@@ -148,6 +149,12 @@ class InputBatch:
         )
         return self._dev64[:t], self._dev64[a : a + t], meta
 
+    def mixed_sampling_rows(self, num_tokens: int, num_seqs: int) -> torch.Tensor:
+        """[num_seqs] int64: the sampling rows of a step padded to this mixed bucket, as its graph reads them
+        (the step's R rows, then row 0 for each sequence past them: `prepare` stages them so)."""
+        a = _align(num_tokens)
+        return self._dev64[3 * a : 3 * a + num_seqs]
+
     def fill_dummy_mixed(self, num_tokens: int, num_seqs: int) -> None:
         """A harmless mixed batch for warm-up and capture: num_tokens tokens spread evenly over
         num_seqs fresh sequences, token 0, no KV write (slot -1), keys read from block 0."""
@@ -159,7 +166,8 @@ class InputBatch:
         self._np64[2 * a : 2 * a + t] = -1
         self._np32[:s] = starts[1:] - starts[:-1]
         self._np32[sa : sa + s + 1] = starts
-        self._stage(2 * a + t, sa + s + 1)
+        self._np64[3 * a : 3 * a + s] = 0  # sampling rows: every sequence samples token 0's hidden state
+        self._stage(3 * a + s, sa + s + 1)
         self.block_tables[:s].zero_()
         self._row_blocks[:s] = [None] * s
 
@@ -222,6 +230,11 @@ class InputBatch:
         identity_rows = decode and len(rows) == num_seqs
         num_rows = 0 if identity_rows else len(rows)
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
+        staged_rows = num_rows
+        if pad_to is not None and not decode:
+            # a mixed bucket's graph gathers S_b rows (mixed_sampling_rows): past the step's own, row 0
+            self._np64[3 * a + num_rows : 3 * a + padded] = 0
+            staged_rows = padded
         if waiting:
             self._stage_pending(waiting, pending)
         bt_offset = 2 * sa
@@ -229,7 +242,7 @@ class InputBatch:
         if table_rows:
             staging = self._np32[bt_offset : bt_offset + num_seqs * width_used].reshape(num_seqs, width_used)
             staging[...] = self._host_tables[:num_seqs, :width_used]
-        self._stage(3 * a + num_rows, bt_offset, t, pending.token_ids if waiting else None, table_rows, width_used)
+        self._stage(3 * a + staged_rows, bt_offset, t, pending.token_ids if waiting else None, table_rows, width_used)
         meta = AttentionMetadata(
             slot_mapping=self._dev64[2 * a : 2 * a + t],
             block_tables=self.block_tables[:padded],

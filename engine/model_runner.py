@@ -7,8 +7,8 @@ Legend: T = tokens scheduled in the step, S = sequences, V = vocabulary.
 Per step the host does: one pass over the scheduled items into numpy views of pinned
 buffers (engine/input_batch.py), one kernel that reads them into the device's, one graph
 replay or eager forward, the LM head and sampling launches (both inside the replay for a
-decode step whose every row is plain greedy, the LM head alone for small decode batches:
-engine/cuda_graphs.py),
+graphed step whose every sampling row is plain greedy, the LM head alone for small decode
+batches: engine/cuda_graphs.py),
 one kernel that writes the sampled tokens into a pinned buffer, and ONE device sync (reading
 them, in `LaunchedStep.result()`) for batches where no request asks for logprobs (greedy in
 one kernel, sampling with temperature, top-k/p, min-p on the device). `launch` returns before
@@ -236,8 +236,10 @@ class ModelRunner:
         if clock is not None:
             clock.launching()
         if bucket is not None:
-            # the greedy graph only where every row of the bucket's first S samples (its tokens are rows 0..S-1)
-            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and step.logits_rows is None)
+            # the greedy graph's tokens are the sampling rows in order: a mixed bucket gathers them, a decode
+            # bucket takes its first S rows, so there only where every row samples
+            rows_in_order = bucket[0] != bucket[1] or step.logits_rows is None
+            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and rows_in_order)
         else:
             out = GraphOutputs(self._forward(step.input_ids, step.positions, step.meta))  # [T, H]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))

@@ -203,10 +203,31 @@ def test_padded_static_decode_matches_the_plain_engine(kind: str, tiny_ckpt: Cal
     assert tokens == {rid: [t for t, _ in out] for rid, out in plain.items()}
 
 
-def test_decode_buckets_end_in_greedy_and_small_ones_in_the_lm_head(tiny_ckpt: Callable[[str], Path]) -> None:
-    """Plain greedy decode steps of every bucket replay the graph that ends in the greedy kernel; sampling steps
-    take the LM head's logits from the graphs of buckets up to HEAD_MAX_ROWS rows and the hidden states from
-    larger ones. Both give the plain engine's tokens."""
+def record_steps(engine) -> list[tuple[tuple[int, int] | None, int]]:
+    """(bucket, sampling rows) of every step the engine's runner prepares from now on."""
+    steps = []
+    prepare = engine.runner.inputs.prepare
+
+    def recording(scheduled, num_tokens, pad_to=None, pending=None):
+        step = prepare(scheduled, num_tokens, pad_to, pending)
+        steps.append((pad_to, len(step.sampling)))
+        return step
+
+    engine.runner.inputs.prepare = recording
+    return steps
+
+
+def mixed_sampling_steps(steps: list[tuple[tuple[int, int] | None, int]]) -> int:
+    """Steps padded to a mixed bucket in which some request sampled."""
+    return sum(1 for bucket, num_sampling in steps if bucket is not None and bucket[0] != bucket[1] and num_sampling)
+
+
+def test_greedy_steps_sample_in_their_graphs_and_small_decode_buckets_end_in_the_lm_head(
+    tiny_ckpt: Callable[[str], Path],
+) -> None:
+    """Plain greedy steps of every bucket, decode and mixed, replay the graph that ends in the greedy kernel;
+    sampling steps take the LM head's logits from the graphs of decode buckets up to HEAD_MAX_ROWS rows and the
+    hidden states from the others. Both give the plain engine's tokens."""
     model_dir = tiny_ckpt("llama")
     prompts = random_prompts(len(ARRIVALS), 49152, 3, 40, seed=7)
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -218,10 +239,14 @@ def test_decode_buckets_end_in_greedy_and_small_ones_in_the_lm_head(tiny_ckpt: C
     engine.runner.enable_graphs(capture=False)
     graphs = engine.runner.graphs
     assert graphs.head_sizes == [1, 2, 4, 8]
+    steps = record_steps(engine)
     assert run_staggered(engine, prompts, greedy, ARRIVALS) == want_greedy
     decode_replays = graphs.num_replays - graphs.num_mixed_replays
     token_replays, logits_replays = graphs.num_token_replays, graphs.num_logits_replays
-    assert token_replays == decode_replays > 10  # every greedy decode step, the 16-row bucket's too
+    mixed_sampling = mixed_sampling_steps(steps)
+    assert decode_replays > 10 and mixed_sampling > 3
+    # every greedy decode step, the 16-row bucket's too, and every mixed step with a row to sample
+    assert token_replays == decode_replays + mixed_sampling
     assert logits_replays == token_replays
     assert run_staggered(engine, prompts, sampled, ARRIVALS) == want_sampled
     assert graphs.num_token_replays == token_replays  # sampling never takes the greedy graph
@@ -293,12 +318,16 @@ def test_cuda_graphs_give_the_eager_tokens(kind: str, tiny_ckpt: Callable[[str],
     assert engine.runner.graphs.num_mixed_replays > 0  # prompts arriving while others decode: mixed graphs
     graphs = engine.runner.graphs
     decodes_before, tokens_before = graphs.num_replays - graphs.num_mixed_replays, graphs.num_token_replays
+    steps = record_steps(engine)
     tokens = run_staggered(engine, prompts, greedy, ARRIVALS)  # the greedy fast path after replays
     assert tokens == {rid: [t for t, _ in out] for rid, out in eager.items()}
     assert graphs.num_replays > replays + 20
-    # every greedy decode step sampled inside its graph, the 16-row bucket's (9-11 rows) too
+    # every greedy decode step sampled inside its graph, the 16-row bucket's (9-11 rows) too, and every mixed
+    # step with a row to sample (its rows gathered inside the graph)
     greedy_decodes = graphs.num_replays - graphs.num_mixed_replays - decodes_before
-    assert graphs.num_token_replays - tokens_before == greedy_decodes > 0
+    mixed_sampling = mixed_sampling_steps(steps)
+    assert greedy_decodes > 0 and mixed_sampling > 0
+    assert graphs.num_token_replays - tokens_before == greedy_decodes + mixed_sampling
 
 
 @needs_gpu

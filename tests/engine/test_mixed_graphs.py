@@ -54,6 +54,8 @@ def test_input_batch_pads_mixed_steps_to_their_bucket() -> None:
     # the padding sequences own no token: their starts all equal the real token count
     assert step.meta.query_start_loc.tolist() == [0, 1, 5, 5, 5, 5, 5, 5]
     assert step.logits_rows.tolist() == [0, 4] and step.sampling == [0, 1]
+    # the bucket's greedy graph gathers one row per padded sequence: the step's, then row 0
+    assert batch.mixed_sampling_rows(16, 7).tolist() == [0, 4, 0, 0, 0, 0, 0]
     assert step.meta.query_lens_cpu == [1, 4, 0, 0, 0, 0, 0]
     # The buffers the graph reads are these same views.
     ids, positions, meta = batch.mixed_views(16, 7)
@@ -71,7 +73,10 @@ def test_input_batch_pads_mixed_steps_to_their_bucket() -> None:
 
 def test_dummy_mixed_batch_spreads_tokens_over_its_sequences() -> None:
     batch = _batch()
+    a, b = _FakeRequest(list(range(100, 112))), _FakeRequest(list(range(200, 206)))
+    batch.prepare([ScheduledRequest(a, 1, 6, [5, 2], True), ScheduledRequest(b, 4, 2, [7, 3], True)], 5, pad_to=(16, 7))
     batch.fill_dummy_mixed(16, 7)
+    assert batch.mixed_sampling_rows(16, 7).tolist() == [0] * 7  # the last step's rows [0, 4] are gone
     ids, positions, meta = batch.mixed_views(16, 7)
     assert meta.query_start_loc.tolist() == [0, 3, 6, 9, 12, 15, 16, 16]
     assert meta.seq_lens.tolist() == [3, 3, 3, 3, 3, 1, 0]
