@@ -349,9 +349,10 @@ class Worker(IntakeLoop):
         self._snapshot = self._make_snapshot()
         if self.engine.has_unfinished_requests():
             # NOTE: sent now, not while the next step's forward pass runs: Redis answers before the publisher's
-            # script of this step's events reaches it (the child spends ~1-3 ms encoding them first), where the
-            # reads sent during the next step queued behind that script and the loop waited 0.4-0.8 ms an
-            # iteration for their replies on slower H100 hosts (bench/results/h100/session31/).
+            # script of this step's events reaches it (the child spends ~1-3 ms encoding them first; sent during
+            # the step, a tenth of the reads queued 0.6-1.5 ms behind it), and the replies have a whole
+            # iteration to come back. The loop's remaining waits are rare stretches of Redis being busy for
+            # 6-50 ms (bench/results/h100/session31/).
             self._send_reads_for_step()
 
     def _finish_reads_sent(self) -> None:
