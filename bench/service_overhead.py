@@ -31,6 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+
+from bench import redis_stalls
 from bench.offline_throughput import MAX_NUM_BATCHED_TOKENS, NUM_SEQS, workload
 from bench.service_clients import CLIENT_KINDS, CLIENT_PROCS, SERVED_NAME, run_clients, sequential
 from bench.service_processes import (
@@ -237,11 +240,15 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
             pids = {"api": [a.pid for a in stack.apis], "worker": [worker.pid], "redis": [stack.redis.pid]}
             cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
             profiler = start_profiler(worker.pid, out)
+            redis_client = redis.Redis.from_url(stack.redis_url)
+            redis_stalls.reset(redis_client)
             worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
             jobs = list(zip(prompts, output_lens, strict=True))
             rows, client_cpu, elapsed = run_clients(bases, jobs, not args.cold_clients, args.client)
             cpu = {name: sum(map(cpu_s, group)) - cpu_before[name] for name, group in pids.items()}
             worker.send_signal(signal.SIGUSR2)
+            stalls = redis_stalls.collect(redis_client)
+            redis_client.close()
             stop_profiler(profiler)
             worker_phases = read_when_written(phases_path, 10.0)
             runs = [run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
@@ -281,6 +288,7 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
         "batch_window_gap_ms": args.batch_window_ms * DEFAULT_GAP_FRACTION,  # the worker's default gap
         "api_redis_max_connections": API_REDIS_MAX_CONNECTIONS,
         "worker_phases": worker_phases,
+        "redis_stalls": stalls,
     }
 
 

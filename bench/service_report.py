@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.loop_cycles import ENGINE_COLUMNS, cycles_markdown
+from bench.redis_stalls import stalls_line
 from bench.step_reads_clock import clock_line
 
 
@@ -191,6 +192,7 @@ def markdown(r: dict) -> str:
         "",
         phases_line(svc.get("worker_phases")),
         clock_line((svc.get("worker_phases") or {}).get("step_reads_clock")),
+        stalls_line(svc.get("redis_stalls")),
         "",
         timeline_line(svc.get("timeline_s")),
         "",

@@ -1,5 +1,6 @@
 """The service under benchmark, as children of a Service (bench/service_processes.py): a private
-redis-server run as `inferq up` runs it (AOF on, fsync every second), the worker (bench/service_overhead.py's
+redis-server run as `inferq up` runs it (AOF on, fsync every second; plus the slow log and latency monitor of
+bench/redis_stalls.py), the worker (bench/service_overhead.py's
 worker child: the offline benchmark's engine with random weights, warmed, handed to worker.loop.Worker) and
 `python -m api` replicas. Shared by bench/service_overhead.py and bench/online_latency.py.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.offline_throughput import NUM_SEQS
+from bench.redis_stalls import SERVER_ARGS as REDIS_STALL_ARGS
 from bench.service_processes import STEM, Service, free_port, redis_server_binary, redis_server_libraries
 
 # NOTE: under the burst each concurrent request may hold a pooled connection for a command (its pub/sub
@@ -31,6 +33,7 @@ class Stack:
     worker: subprocess.Popen
     apis: list[subprocess.Popen]
     bases: list[str]  # the API replicas' base URLs
+    redis_url: str
 
 
 @contextlib.contextmanager
@@ -69,8 +72,8 @@ def _start(
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     redis_env = redis_server_libraries()
     redis = service.start("redis", [redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
-                                    data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-                          redis_env)  # fmt: skip
+                                    data_dir, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+                                    *REDIS_STALL_ARGS], redis_env)  # fmt: skip
     if split is not None:
         os.sched_setaffinity(0, split[0])  # the worker (and the publisher process it starts) inherit it
     worker = service.start("worker", [sys.executable, "-m", "bench.service_overhead", "--model-dir", str(directory),
@@ -96,4 +99,4 @@ def _start(
     bases = [f"http://127.0.0.1:{port}" for port in api_ports]
     for base in bases:
         service.wait_ready(base, 300)
-    return Stack(service, redis, worker, apis, bases)
+    return Stack(service, redis, worker, apis, bases, redis_url)

@@ -32,6 +32,12 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert 0 <= clock["receive_ms"]["p50"] <= clock["receive_ms"]["max"]
     assert 0 < len(clock["longest_receives"]) <= 5 and "Redis's TIME appended" in text
     assert phases["_send_reads_for_step"] > 0  # the reads go out after the step before theirs
+    # Redis's own record of what kept it busy, with the thresholds the server held during the run
+    stalls = result["service"]["redis_stalls"]
+    assert stalls["slowlog_us"] == 2000 and stalls["latency_monitor_ms"] == 5
+    assert sum(stalls["slow_commands"].values()) >= len(stalls["slowest"])
+    assert all(e["ms"] >= 2 and e["command"] for e in stalls["slowest"])
+    assert "Redis over the throughput run" in text
     assert "handing batches to the publisher" in text
     # the default load generator, and both paths' first steps one by one
     assert result["service"]["client"] == "socket" and "socket clients" in text
