@@ -2,7 +2,7 @@
 
 The loop hands over one `Batch` per step and never waits. A background thread writes batches
 in order, each as one MULTI/EXEC, so a finishing token, its "done" event and the XACK land
-together or not at all. Consecutive queued batches are merged into one round trip.
+together or not at all. Consecutive queued batches are merged into one round trip (up to MAX_MERGED_EVENTS events).
 
 Exactly once: result events are XADDed with explicit ids "0-{seq}". A retry after a lost reply
 (or another worker that resumed the request) gets "ID equal or smaller" back: the event is
@@ -35,6 +35,13 @@ logger = logging.getLogger(__name__)
 # takes it at once instead of waiting out the lease.
 HANDOFF_IDLE_MS = 10**10
 MAX_MERGED_BATCHES = 64
+# NOTE: a publisher that fell behind merges the steps queued since into one write, but no further than this many
+# events (a batch is never split: its acks ride the MULTI of its events). Redis runs one script to the end before
+# it answers anyone else (~1.7 ms per 256 token events on the dev box, bench/results/devbox/publisher_costs.md),
+# so an unbounded merge of 64 full-batch steps held every other client, the worker loop's step reads among them,
+# for ~100 ms; two steps' worth bounds that to a few ms (bench/results/devbox/publisher_backlog.md), and the
+# per-write overhead the merge saves is small next to the events' own cost.
+MAX_MERGED_EVENTS = 512
 DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
 # A result stream's EXPIRE is refreshed when this fraction of its TTL has passed since the last
 # refresh (and on every terminal event), not on every write: a stream then never expires while its
@@ -93,6 +100,24 @@ class Batch:
         self.dead_letters += other.dead_letters
         self.acks += other.acks
         self.handoffs += other.handoffs
+
+
+def merge_queued(first: Batch, take_more: Callable[[], Batch | None]) -> tuple[Batch, int, Batch | None]:
+    """One write's worth of queued batches: `first`, then those `take_more` hands over (None: no more now) while
+    the merge stays within MAX_MERGED_BATCHES batches and MAX_MERGED_EVENTS events. Returns (the merged batch, how
+    many batches it holds, the batch taken that would have passed the event cap: the next write's first, or None).
+    """
+    merged, count, num_events = first, 1, first.num_events
+    while count < MAX_MERGED_BATCHES:
+        more = take_more()
+        if more is None:
+            break
+        if num_events + more.num_events > MAX_MERGED_EVENTS:
+            return merged, count, more
+        merged.extend(more)
+        count += 1
+        num_events += more.num_events
+    return merged, count, None
 
 
 class SubmissionCounter:
@@ -181,24 +206,24 @@ class Publisher(SubmissionCounter):
 
     # ---- the thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        held: Batch | None = None  # taken from the queue but left out of the last write (merge_queued)
         while True:
-            batch = self._queue.get()
+            batch, held = (held, None) if held is not None else (self._queue.get(), None)
             if batch is None:
                 return
-            merged, count = batch, 1
-            while count < MAX_MERGED_BATCHES:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._queue.put(None)  # stop after this write
-                    break
-                merged.extend(more)
-                count += 1
+            merged, count, held = merge_queued(batch, self._take_queued)
             self.write(merged)
             with self._lock:
                 self._mark_done(count)
+
+    def _take_queued(self) -> Batch | None:
+        try:
+            more = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if more is None:
+            self._queue.put(None)  # stop after this write
+        return more
 
     def write(self, batch: Batch) -> None:
         """Write one batch now, retrying through Redis outages (the thread's body; the publisher

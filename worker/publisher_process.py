@@ -9,7 +9,7 @@ publisher thread together holding the GIL about half of the run.
 
 Same interface and guarantees as worker.publisher.Publisher (submit, flush, close, num_pending,
 on_lost, on_written), with the writing itself done by that class's `write` in the child:
-- batches are written in submission order; consecutive queued ones are merged;
+- batches are written in submission order; consecutive queued ones are merged (worker.publisher.merge_queued);
 - a batch stays in `_unacknowledged` until the child reports it written, so a child that dies
   is restarted and given every unacknowledged batch again (explicit event ids make the rewrite
   exactly-once; acks and hand-offs are idempotent);
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from worker.protocol import ResultEvent
-from worker.publisher import MAX_MERGED_BATCHES, Batch, EventWrite, SubmissionCounter
+from worker.publisher import Batch, EventWrite, SubmissionCounter, merge_queued
 from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
@@ -101,24 +101,32 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
 
     threading.Thread(target=exit_with_parent, name="inferq-publisher-parent", daemon=True).start()
     send(("ready",))
+    stop = False
+
+    def take_more() -> Batch | None:
+        nonlocal stop
+        if stop or not conn.poll():
+            return None
+        wire = conn.recv()
+        stop = wire is None
+        return None if stop else _unpack(wire)
+
+    held: Batch | None = None  # received but left out of the last write (merge_queued's event cap)
     while True:
-        try:
-            batch = conn.recv()
-        except (EOFError, OSError):
-            return
-        if batch is None:
-            return
-        merged, count, stop = _unpack(batch), 1, False
-        while count < MAX_MERGED_BATCHES and conn.poll():
-            more = conn.recv()
-            if more is None:
-                stop = True
-                break
-            merged.extend(_unpack(more))
-            count += 1
+        if held is not None:
+            first, held = held, None
+        else:
+            try:
+                wire = conn.recv()
+            except (EOFError, OSError):
+                return
+            if wire is None:
+                return
+            first = _unpack(wire)
+        merged, count, held = merge_queued(first, take_more)
         writer.write(merged)
         send(("done", count))
-        if stop:
+        if stop:  # the stop came after every batch of this write (a held batch ends a merge before it)
             return
 
 
