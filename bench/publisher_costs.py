@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import tempfile
 import time
 
 from bench.report import write_json
@@ -90,31 +88,12 @@ def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    import redis
-
-    from bench.service_processes import free_port, redis_server_binary
+    from bench.service_processes import private_redis
 
     args = _parse_args(argv)
-    port = free_port()
-    server = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
-                               tempfile.mkdtemp(), "--save", "", "--appendonly", "no"],
-                              stdout=subprocess.DEVNULL)  # fmt: skip
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    with private_redis() as url:
         result = {"events": args.events, "batches": args.batches,
                   "ms_per_batch": measure(url, args.events, args.batches)}  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait()
     write_json(args.out, "publisher_costs.json", result)
     print(result)
     return result

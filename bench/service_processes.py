@@ -3,14 +3,17 @@ benchmark, their CPU time, and the optional py-spy sampler of the worker (bench/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 STEM = "service_overhead"  # every file the service benchmark writes starts with this
@@ -34,6 +37,34 @@ def redis_server_libraries() -> dict[str, str]:
     bench/run_gpu_*.sh scripts when the binary does not run as it is), for redis-server alone; {} otherwise."""
     lib = os.environ.get("INFERQ_REDIS_LIB")
     return {"LD_LIBRARY_PATH": lib} if lib else {}
+
+
+@contextlib.contextmanager
+def private_redis(*server_args: str) -> Iterator[str]:
+    """A throwaway redis-server (no persistence unless server_args ask for it) on a free port; yields its URL
+    once it answers, stops it on the way out."""
+    import redis
+
+    port, data_dir = free_port(), tempfile.mkdtemp(prefix="inferq-bench-redis-")
+    server = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", data_dir,
+                               "--save", "", "--appendonly", "no", *server_args],
+                              stdout=subprocess.DEVNULL, env={**os.environ, **redis_server_libraries()})  # fmt: skip
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def cpu_s(pid: int) -> float:
