@@ -39,7 +39,7 @@ MAX_MERGED_BATCHES = 64
 # events (a batch is never split: its acks ride the MULTI of its events). Redis runs one script to the end before
 # it answers anyone else (~1.7 ms per 256 token events on the dev box, bench/results/devbox/publisher_costs.md),
 # so an unbounded merge of 64 full-batch steps held every other client, the worker loop's step reads among them,
-# for ~100 ms; two steps' worth bounds that to a few ms (bench/results/devbox/publisher_backlog.md), and the
+# for ~100 ms; two steps' worth bounds that to a few ms (bench/results/devbox/publisher_backlog/), and the
 # per-write overhead the merge saves is small next to the events' own cost.
 MAX_MERGED_EVENTS = 512
 DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
