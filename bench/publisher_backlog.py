@@ -75,7 +75,8 @@ def drain(redis_url: str, cap: int, num_steps: int, num_events: int, round_index
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
     saved, publisher_module.MAX_MERGED_EVENTS = publisher_module.MAX_MERGED_EVENTS, cap
     try:
-        assert probe.stdout.readline().strip() == "ready"
+        if probe.stdout.readline().strip() != "ready":
+            raise RuntimeError("the probe process did not start")
         time.sleep(0.05)  # the probe's first round trips: an idle Redis
         started = time.perf_counter()
         publisher.start()

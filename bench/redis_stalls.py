@@ -10,6 +10,7 @@ thresholds below (`SERVER_ARGS`); the benchmark resets both before the run and r
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 SLOWLOG_US = 2000  # commands that ran 2 ms or longer
@@ -18,6 +19,9 @@ SERVER_ARGS = [
     "--slowlog-log-slower-than", str(SLOWLOG_US), "--slowlog-max-len", "1024",
     "--latency-monitor-threshold", str(LATENCY_MS),
 ]  # fmt: skip
+
+
+_MORE_ARGS = re.compile(r"\.\.\. \((\d+) more arguments\)")
 
 
 def reset(client) -> None:
@@ -30,9 +34,10 @@ def _entry(raw) -> dict:
     """One SLOWLOG GET entry: [id, unix s, µs, [command, args...], client addr, client name] (Redis >= 4)."""
     args = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in raw[3]]
     # Redis keeps the first 31 arguments and then "... (N more arguments)"
-    more = next((int(a.split()[1]) for a in args if a.startswith("... (")), 0)
-    return {"at_unix_s": int(raw[1]), "ms": int(raw[2]) / 1000, "command": args[0].upper() if args else "?",
-            "num_args": len([a for a in args if not a.startswith("... (")]) - 1 + more}  # fmt: skip
+    kept = [a for a in args if not _MORE_ARGS.fullmatch(a)]
+    more = sum(int(m.group(1)) for a in args if (m := _MORE_ARGS.fullmatch(a)))
+    return {"at_unix_s": int(raw[1]), "ms": int(raw[2]) / 1000, "command": kept[0].upper() if kept else "?",
+            "num_args": len(kept) - 1 + more}  # fmt: skip
 
 
 def collect(client) -> dict:

@@ -36,10 +36,11 @@ class StepReadsClock:
         called = time.time()
         replies = self._receive()
         returned = time.time()
-        if self._sent_at is not None and replies:
-            seconds, micros = (int(v) for v in replies[-1])
-            self.records.append((self._sent_at, seconds + micros / 1e6, called, returned))
-        self._sent_at = None
+        sent_at, self._sent_at = self._sent_at, None
+        if sent_at is None or not replies:  # nothing was sent, so no TIME rode along
+            return replies
+        seconds, micros = (int(v) for v in replies[-1])
+        self.records.append((sent_at, seconds + micros / 1e6, called, returned))
         return replies[:-1]
 
     def clear(self) -> None:
