@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +27,7 @@ import httpx
 import redis
 
 from bench.report import write_json
-from bench.service_processes import free_port, redis_server_binary, redis_server_libraries
+from bench.service_processes import free_port, private_redis
 from worker.protocol import Keys, ModelInfo
 
 MODEL = "bench"
@@ -88,45 +86,30 @@ async def _measure(base: str, sequential: int, burst: int, api_pid: int) -> dict
 def running_api(tree: str | None = None) -> Iterator[tuple[str, redis.Redis, int]]:
     """`python -m api` (of `tree`'s checkout) on a private redis-server holding a fake model record, no
     worker: yields (the API's base URL, a client of that Redis (bytes replies), the API's pid)."""
-    binary = redis_server_binary()
-    redis_port, api_port = free_port(), free_port()
-    data_dir = tempfile.mkdtemp(prefix="inferq-api-bench-")
-    argv = [binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", data_dir, "--save", "",
-            "--appendonly", "no"]  # fmt: skip
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env={**os.environ, **redis_server_libraries()})
-    api = None
-    try:
-        client = redis.Redis(port=redis_port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+    api_port = free_port()
+    with private_redis() as redis_url:
+        client = redis.Redis.from_url(redis_url)
         info = ModelInfo(model=MODEL, max_model_len=4096, vocab_size=1000, eos_token_ids=[0])
         client.set(Keys("inferq").model, info.to_json())
-        env = {**os.environ, "INFERQ_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "INFERQ_HOST": "127.0.0.1",
-               "INFERQ_PORT": str(api_port), "INFERQ_MAX_QUEUED_REQUESTS": "100000"}  # fmt: skip
+        env = {**os.environ, "INFERQ_REDIS_URL": redis_url, "INFERQ_HOST": "127.0.0.1", "INFERQ_PORT": str(api_port),
+               "INFERQ_MAX_QUEUED_REQUESTS": "100000"}  # fmt: skip
         api = subprocess.Popen([sys.executable, "-m", "api"], cwd=tree or str(Path(__file__).resolve().parents[1]),
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        base = f"http://127.0.0.1:{api_port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{base}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or api.poll() is not None:
-                    raise SystemExit("the API did not start") from None
-                time.sleep(0.1)
-        yield base, client, api.pid
-    finally:
-        if api is not None:
+        try:
+            base = f"http://127.0.0.1:{api_port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    httpx.get(f"{base}/health", timeout=1)
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline or api.poll() is not None:
+                        raise SystemExit("the API did not start") from None
+                    time.sleep(0.1)
+            yield base, client, api.pid
+        finally:
             api.terminate()
             api.wait(20)
-        server.terminate()
-        server.wait(20)
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def main(argv=None) -> dict:

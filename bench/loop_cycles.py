@@ -30,7 +30,7 @@ COLUMNS = (
     ("publisher.submit", "of it, to the publisher"),
     ("_finish_step_reads", "of it, replies"),
     ("step_reads.receive", "of them, off the socket"),
-    ("_send_reads_for_step", "of it, next reads sent"),
+    ("_send_reads_for_step", "of it, the step's reads sent (before engine.step)"),
     ("before_step", "before the step (admit, drops)"),
 )
 

@@ -58,7 +58,7 @@ def drain(redis_url: str, cap: int, num_steps: int, num_events: int, round_index
     """One backlog of num_steps steps drained by a publisher merging up to `cap` events, with the probe."""
     import redis
 
-    from bench.publisher_costs import _columns
+    from bench.publisher_costs import token_step
     from worker import publisher as publisher_module
     from worker.protocol import Keys
 
@@ -69,7 +69,7 @@ def drain(redis_url: str, cap: int, num_steps: int, num_events: int, round_index
     publisher = publisher_module.Publisher(client, keys, "worker-0", 600, lambda rid: None,
                                            on_written=lambda n, d: written.append(n))  # fmt: skip
     for step in range(num_steps):
-        publisher.submit(_columns(keys, request_ids, step + 1))
+        publisher.submit(token_step(keys, request_ids, step + 1))
     stop_file = Path(tempfile.mkdtemp()) / "stop"
     probe = subprocess.Popen([sys.executable, "-m", "bench.publisher_backlog", "--probe", redis_url, str(stop_file)],
                              stdout=subprocess.PIPE, text=True)  # fmt: skip

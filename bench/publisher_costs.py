@@ -32,7 +32,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _columns(keys, request_ids: list[str], seq: int):
+def token_step(keys, request_ids: list[str], seq: int):
+    """One full-batch step's Batch: a token event at `seq` for each request, in columns (as the worker hands them
+    over). Also bench/publisher_backlog.py's steps."""
     from worker.publisher import Batch
     from worker.token_events import TokenEvents
 
@@ -64,7 +66,7 @@ def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
     totals = dict.fromkeys(("encode", "args", "pack", "redis", "write"), 0.0)
     try:
         for step in range(num_batches):
-            batch = _columns(keys, request_ids, 2 * step + 1)
+            batch = token_step(keys, request_ids, 2 * step + 1)
             marks = [time.perf_counter()]
             writes, _ = publisher._event_writes(batch)
             marks.append(time.perf_counter())
@@ -77,7 +79,7 @@ def measure(redis_url: str, num_events: int, num_batches: int) -> dict:
             marks.append(time.perf_counter())
             for name, (a, b) in zip(("encode", "args", "pack", "redis"), zip(marks, marks[1:])):
                 totals[name] += b - a
-            batch = _columns(keys, request_ids, 2 * step + 2)
+            batch = token_step(keys, request_ids, 2 * step + 2)
             start = time.perf_counter()
             publisher.write(batch)
             totals["write"] += time.perf_counter() - start

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 # Worker methods timed (each call's wall time, summed); _iteration holds all the others. _finish_step_reads runs
-# inside _step, after engine.step; the reads' send inside _step too (_send_reads_for_step, at its end, since
-# session 31), or inside engine.step while the GPU works (_read_during_step, earlier trees: the service A/B runs
-# this file against them). A name the worker lacks is skipped.
+# inside _step, after engine.step; the reads' send inside _step too (_send_reads_for_step, before engine.step,
+# since session 31), or inside engine.step while the GPU works (_read_during_step, earlier trees: the service
+# A/B runs this file against them). A name the worker lacks is skipped.
 LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_send_reads_for_step",
                "_finish_step_reads", "_check_cancels", "_drop_late", "_drop_lost", "_step")  # fmt: skip
 

@@ -7,12 +7,11 @@ Each iteration of `Worker.run`:
 3. drop not-yet-started requests past deadline;
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
    no Redis wait), after them the aborts of the requests found cancelled.
-While the engine has work, the reads ride the steps: at the end of each step the loop sends the
-next step's cancel check and read of new messages without waiting (`_send_step_reads`,
-worker/step_reads.py), and reads their replies once that next step's outputs are turned into
-events and handed to the publisher, so the round trip overlaps a whole iteration: the GPU and the
-loop's own work. The next iteration admits the messages found. Reading and admitting live in
-worker/loop_intake.py.
+While the engine has work, the reads ride the steps: each step first sends its cancel check and
+read of new messages without waiting (`_send_step_reads`, worker/step_reads.py), then runs the
+engine, and reads their replies once the step's outputs are turned into events and handed to the
+publisher, so the round trip overlaps the GPU and the loop's own work. No read outlives its step.
+The next iteration admits the messages found. Reading and admitting live in worker/loop_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -199,8 +198,6 @@ class Worker(IntakeLoop):
     # ---- one iteration -----------------------------------------------------------------------------
     def _iteration(self) -> None:
         self._drop_lost()
-        if self._step_reads_sent is not None and not self.engine.has_unfinished_requests():
-            self._finish_reads_sent()  # sent for a step that will not run: its requests were dropped
         if self.engine.has_unfinished_requests():
             # Busy: new messages were read over the last step (_send_step_reads); admitting them
             # changes the engine, so it happens here.
@@ -312,8 +309,12 @@ class Worker(IntakeLoop):
 
     # ---- stepping ----------------------------------------------------------------------------------
     def _step(self) -> None:
-        if self._step_reads_sent is None:  # the first step after idle: no step before it sent its reads
-            self._send_reads_for_step()
+        # NOTE: the step's reads go out first, before the engine schedules it: Redis answers them before the
+        # publisher's script of the last step's events reaches it (the child spends ~1-3 ms encoding them; sent
+        # once the forward was launched, a tenth of the reads queued 0.6-1.5 ms behind it), and their replies
+        # have the whole step to come back. The loop's remaining waits are rare stretches of Redis being busy
+        # for 6-50 ms (bench/results/h100/session31/).
+        self._send_reads_for_step()
         started = time.monotonic()
         outputs = self.engine.step()
         self.metrics.step_seconds.observe(time.monotonic() - started)
@@ -331,7 +332,9 @@ class Worker(IntakeLoop):
         # batch of their own, after this step's tokens.
         self.publisher.submit(batch)
         if self._step_reads_sent is not None or (self.jobs and self._redis_usable()):
-            self._finish_reads_sent()
+            aborts = Batch()
+            self._redis_call(lambda: self._finish_step_reads(aborts))
+            self.publisher.submit(aborts)
 
         stats, previous = self.engine.stats(), self._last_stats
         self._last_stats = stats
@@ -347,18 +350,6 @@ class Worker(IntakeLoop):
             )
         )
         self._snapshot = self._make_snapshot()
-        if self.engine.has_unfinished_requests():
-            # NOTE: sent now, not while the next step's forward pass runs: Redis answers before the publisher's
-            # script of this step's events reaches it (the child spends ~1-3 ms encoding them first; sent during
-            # the step, a tenth of the reads queued 0.6-1.5 ms behind it), and the replies have a whole
-            # iteration to come back. The loop's remaining waits are rare stretches of Redis being busy for
-            # 6-50 ms (bench/results/h100/session31/).
-            self._send_reads_for_step()
-
-    def _finish_reads_sent(self) -> None:
-        aborts = Batch()
-        self._redis_call(lambda: self._finish_step_reads(aborts))
-        self.publisher.submit(aborts)
 
     def _refresh_stats(self) -> None:
         """After aborts outside a step: the heartbeat must show the freed KV blocks now, not after

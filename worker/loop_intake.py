@@ -25,9 +25,8 @@ class StepReadsSent:
 
 class IntakeLoop:
     def _send_reads_for_step(self) -> None:
-        """Send the next step's reads (new messages, the cancel check) without waiting;
-        `_finish_step_reads` reads their replies after that step's outputs. Redis only: the
-        engine is not touched."""
+        """Send the step's reads (new messages, the cancel check) without waiting, before the engine
+        schedules it; `_finish_step_reads` reads their replies after the step's outputs."""
         try:
             if self._redis_usable():
                 self._redis_call(self._send_step_reads)

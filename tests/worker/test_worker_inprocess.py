@@ -230,26 +230,33 @@ def test_busy_worker_sends_its_cancel_checks_ahead_of_the_steps(redis_server, pr
     assert len(own_checks) <= 3, own_checks
 
 
-def test_reads_sent_for_a_step_that_never_ran_are_read_when_the_loop_goes_idle(
-    redis_server, prefix, worker_model_dir, engine
-):
-    """A step's reads go out when the step before it ends. Where its requests are dropped before it runs
-    (deadline, takeover), the idle loop reads the replies first: a message that read delivered is admitted
-    now, not left in the socket until the next step (none may come) or a claim pass."""
+def test_no_step_read_outlives_its_step(redis_server, prefix, worker_model_dir, engine):
+    """A step sends its reads before the engine runs it and reads their replies after its outputs, so no reply is
+    left in the loop's socket between iterations (where the next intake would miss what it delivered): a message
+    that arrives while the engine works is admitted through the step reads and served."""
     keys, client = Keys(prefix), redis_server.client()
     worker = Worker(make_settings(redis_server, prefix, worker_model_dir), engine=engine)
+    worker.publisher.start()
     try:
         worker.intake.ensure_group()
-        worker._need_own_pending = False  # the loop's steady state: its own pending were read at start
-        submit(client, keys, "arrived", prompt_token_ids=[5, 6, 7], params={"max_tokens": 2})
-        worker._send_reads_for_step()  # as a busy step's end does
-        assert worker.step_reads.pending and worker._step_reads_sent.read_new
-        assert not worker.engine.has_unfinished_requests()  # ... and then its requests were gone
-        worker._iteration()
-        assert "arrived" in worker.jobs  # read off the socket and admitted in this iteration
+        submit(client, keys, "first", prompt_token_ids=[5, 6, 7], params={"max_tokens": 12, "ignore_eos": True})
+        sends, send = [], worker.step_reads.send
+        worker.step_reads.send = lambda commands: sends.append([c[0] for c in commands]) or send(commands)
+        submitted = False
+        for _ in range(200):
+            if worker.engine.has_unfinished_requests() and not submitted:  # arrives while the engine works
+                submit(client, keys, "second", prompt_token_ids=[8, 9], params={"max_tokens": 3})
+                submitted = True
+            worker._iteration()
+            assert not worker.step_reads.pending  # every step read back what it sent
+            if submitted and not worker.jobs:
+                break
+        assert any("XREADGROUP" in names for names in sends)  # the second request came in through a step's read
+        assert worker.publisher.close(5)
     finally:
         worker.step_reads.close()
         worker.client.close()
+    assert read_events(client, keys, "second")[-1][1].type == "done"
 
 
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
