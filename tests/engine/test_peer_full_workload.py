@@ -12,19 +12,39 @@ from bench.hf_full_workload import batch_indices, combine, main, summarize, warm
 
 def test_batches_cover_every_sequence_once_in_both_orders():
     output_lens = [5, 1, 9, 3, 7, 2, 8]
-    assert batch_indices(output_lens, 3, "arrival") == [[0, 1, 2], [3, 4, 5], [6]]
-    by_output = batch_indices(output_lens, 3, "by_output")
+    prompt_lens = [10] * len(output_lens)
+    assert batch_indices(prompt_lens, output_lens, 3, "arrival") == [[0, 1, 2], [3, 4, 5], [6]]
+    by_output = batch_indices(prompt_lens, output_lens, 3, "by_output")
     assert by_output == [[1, 5, 3], [0, 4, 6], [2]]  # lengths 1 2 3 | 5 7 8 | 9
     with pytest.raises(ValueError, match="order must be one of"):
-        batch_indices(output_lens, 3, "random")
+        batch_indices(prompt_lens, output_lens, 3, "random")
+
+
+def test_arrival_closes_a_batch_before_its_padded_length_passes_vllms_cap():
+    # vLLM's transformers baseline: a batch takes the next request only while its widest prompt plus
+    # its longest output stay within 2,048 tokens (a request over it alone still runs, alone)
+    prompt_lens = [1000, 1000, 1040, 500, 500, 2100, 10]
+    output_lens = [1000, 1048, 100, 900, 1010, 10, 10]
+    batches = batch_indices(prompt_lens, output_lens, 4, "arrival")
+    # 0+1: 1000 + 1048 = 2048 fits; +2 would be 1040 + 1048; 2+3: 1040 + 900; +4: 1040 + 1010 > 2048
+    assert batches == [[0, 1], [2, 3], [4], [5], [6]]
+
+
+def test_arrival_batches_of_the_benchmark_workload_are_plain_runs_of_64():
+    # so the arrival peer is vLLM's `benchmark_throughput.py --backend hf --hf-max-batch-size 64`
+    from bench.offline_throughput import workload
+
+    _, prompt_lens, output_lens = workload(128256, 256, 100, 1024, seed=0)
+    batches = batch_indices(prompt_lens, output_lens, 64, "arrival")
+    assert batches == [list(range(start, start + 64)) for start in range(0, 256, 64)]
 
 
 def test_grouping_by_output_length_wastes_fewer_steps_on_the_benchmark_workload():
     from bench.offline_throughput import workload
 
-    _, _, output_lens = workload(128256, 256, 100, 1024, seed=0)
+    _, prompt_lens, output_lens = workload(128256, 256, 100, 1024, seed=0)
     def steps(order: str) -> int:  # a batch runs as many steps as its longest output
-        return sum(max(output_lens[i] for i in b) for b in batch_indices(output_lens, 64, order))
+        return sum(max(output_lens[i] for i in b) for b in batch_indices(prompt_lens, output_lens, 64, order))
 
     assert steps("by_output") < 0.75 * steps("arrival")
 
@@ -55,7 +75,7 @@ def test_dry_run_split_over_two_calls_combines_into_the_whole_workload(tmp_path)
     assert summary["engine_x_peer"] == pytest.approx(1000.0 / summary["output_tok_s"])
     assert 0 < summary["useful_fraction"] <= 1
     report = (tmp_path / "all" / "hf_full_workload.md").read_text()
-    assert "| Qwen3-0.6B | by_output | warm | 2/2 |" in report
+    assert "| Qwen3-0.6B | arrival | warm | 2/2 |" in report
     assert row["warm_up_s"] > 0
 
     with pytest.raises(ValueError, match="batch measured twice"):
