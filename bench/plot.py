@@ -2,11 +2,13 @@
 
     python -m bench.plot --results bench/results/h100 [--out bench/results/h100]
 
-Reads engine_decode_latency.json, engine_offline_throughput.json and service_overhead_4api.json where
-present and writes engine_decode_latency.png (ms/token: inferq with and without CUDA graphs, transformers,
-the floor and the goal), engine_offline_throughput.png (output tok/s: inferq, the roofline, transformers
-measured on its subset and extrapolated) and service_overhead_4api.png (output tok/s of the offline engine
-and of the service at each seed, with the 95% goal; TTFT p50 of both at low load, with the service's goal).
+Reads engine_decode_latency.json, engine_offline_throughput.json, hf_full_workload.json and
+service_overhead_4api.json where present and writes engine_decode_latency.png (ms/token: inferq with
+and without CUDA graphs, transformers, the floor and the goal), engine_offline_throughput.png (output
+tok/s: inferq, the roofline, transformers measured on its subset and extrapolated), hf_full_workload.png
+(the offline engine against transformers over the whole workload, with the 20x goal) and
+service_overhead_4api.png (output tok/s of the offline engine and of the service at each seed, with the
+95% goal; TTFT p50 of both at low load, with the service's goal).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import sys
 from pathlib import Path
 
 DECODE_GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
+# bench/hf_full_workload.py's batch orders, as the peer chart's legend names them
+ORDER_LABELS = {"arrival": "workload order, as vLLM's hf baseline", "by_output": "grouped by output length"}
+PEER_GOAL_RATIO = 20  # issue 7: the offline engine >= 20x transformers measured in the same run
 
 
 def _subtitle(results: dict) -> str:
@@ -87,6 +92,28 @@ def plot_offline(results: dict, out: Path) -> Path:
     return _save(fig, out / "engine_offline_throughput.png")
 
 
+def plot_peer(results: dict, out: Path) -> Path:
+    """The offline engine against transformers over the whole workload, both from one session's runs."""
+    import matplotlib.pyplot as plt
+
+    models = [m for m, r in results["models"].items() if r["summary"].get("engine_x_peer")]
+    rows = [results["models"][m]["summary"] for m in models]
+    kinds = sorted({(results["models"][m]["order"], "warm" if results["models"][m].get("warm_up_s") else "cold")
+                    for m in models})  # fmt: skip
+    peer = "; ".join(f"{ORDER_LABELS.get(order, order)}, {process}" for order, process in kinds)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _bars(ax, models, [
+        ("inferq offline engine", [r["engine_output_tok_s"] for r in rows]),
+        (f"goal ({PEER_GOAL_RATIO}x transformers)", [PEER_GOAL_RATIO * r["output_tok_s"] for r in rows]),
+        (f"transformers generate, batches of 64 ({peer})", [r["output_tok_s"] for r in rows]),
+    ], "output tokens / s (higher is better)")  # fmt: skip
+    ax.set_yscale("log")
+    ratios = ", ".join(f"{m} {r['engine_x_peer']:.1f}x" for m, r in zip(models, rows, strict=True))
+    ax.set_title(f"Offline workload, inferq against transformers in the same session: {ratios}\n"
+                 f"{_subtitle(results)}", fontsize=9)  # fmt: skip
+    return _save(fig, out / "hf_full_workload.png")
+
+
 def plot_service(results: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -124,7 +151,7 @@ def main(argv=None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     plots = (("engine_decode_latency", plot_decode), ("engine_offline_throughput", plot_offline),
-             ("service_overhead_4api", plot_service))  # fmt: skip
+             ("hf_full_workload", plot_peer), ("service_overhead_4api", plot_service))  # fmt: skip
     for stem, plot in plots:
         source = args.results / f"{stem}.json"
         if source.is_file():
