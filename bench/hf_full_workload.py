@@ -22,6 +22,8 @@ throughput counts only the tokens the workload asks for. Two orders:
     python -m bench.hf_full_workload --models Llama-3.1-8B               # on a CUDA GPU, repo root
     python -m bench.hf_full_workload --models Llama-3.1-8B --batches 3   # the rest of a cut-off run
     python -m bench.hf_full_workload --combine a/hf_full_workload.json b/hf_full_workload.json
+    python -m bench.hf_full_workload --combine a/hf_full_workload.json b/hf_full_workload.json \
+        --engine c/engine_offline_throughput.json                            # the engine ran in a call of its own
     python -m bench.hf_full_workload --dry-run                           # CPU: tiny shape, code paths
 
 Before the timed batches, an untimed `generate` meets every context length they meet
@@ -57,6 +59,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--cold", action="store_true", help="time without first meeting every context length")
     parser.add_argument("--combine", nargs="+", metavar="JSON", help="merge the batches of earlier runs' JSON files")
+    parser.add_argument("--engine", nargs="+", metavar="JSON", default=[],
+                        help="with --combine: engine_offline_throughput.json files whose figures the ratio takes "
+                             "(where a model's engine ran in a call of its own)")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -244,11 +249,13 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     if args.combine:
         runs = [json.loads(Path(p).read_text()) for p in args.combine]
+        engines = [json.loads(Path(p).read_text())["models"] for p in args.engine]
         results = {"meta": runs[0]["meta"], "combined_from": [r["meta"]["date"] for r in runs], "models": {}}
         for name in dict.fromkeys(n for r in runs for n in r["models"]):
             parts = [r["models"][name] for r in runs if name in r["models"]]
             results["models"][name] = combine(parts)
-            engine = [p["summary"].get("engine_output_tok_s") for p in parts if p.get("summary")]
+            engine = [e[name].get("output_tok_s") for e in engines if name in e]
+            engine += [p["summary"].get("engine_output_tok_s") for p in parts if p.get("summary")]
             results["models"][name]["summary"] = {"engine_output_tok_s": next((e for e in engine if e), None)}
         _write(out, results)
         print(markdown(results), flush=True)

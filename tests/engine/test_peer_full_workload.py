@@ -78,6 +78,13 @@ def test_dry_run_split_over_two_calls_combines_into_the_whole_workload(tmp_path)
     assert "| Qwen3-0.6B | arrival | warm | 2/2 |" in report
     assert row["warm_up_s"] > 0
 
+    # the engine ran in a call of its own: --engine's figure is the one the ratio takes
+    engine_alone = tmp_path / "c" / "engine_offline_throughput.json"
+    engine_alone.parent.mkdir()
+    engine_alone.write_text(json.dumps({"models": {"Qwen3-0.6B": {"output_tok_s": 2000.0}}}))
+    again = main(["--combine", *parts, "--engine", str(engine_alone), "--out", str(tmp_path / "all_c")])
+    assert again["models"]["Qwen3-0.6B"]["summary"]["engine_x_peer"] == pytest.approx(2000.0 / summary["output_tok_s"])
+
     with pytest.raises(ValueError, match="batch measured twice"):
         combine([merged["models"]["Qwen3-0.6B"], merged["models"]["Qwen3-0.6B"]])
 
