@@ -300,8 +300,17 @@ def _timeline(rows: list[dict], phases: dict | None) -> dict | None:
         return None
     t0 = min(r["start"] for r in rows)
     marks = {name: phases.get(f"{name}_at") for name in ("first_read", "first_admit")}
+    # the burst's intake: when half and all of the messages the worker admitted were in Redis, and admitted
+    in_redis = sorted(pair[0] for pair in phases.get("intake", []))
+    admitted = sorted(pair[1] for pair in phases.get("intake", []))
+    intake = {}
+    if in_redis:
+        half = (len(in_redis) + 1) // 2 - 1
+        intake = {"half_in_redis": in_redis[half] - t0, "all_in_redis": in_redis[-1] - t0,
+                  "half_admitted": admitted[half] - t0, "all_admitted": admitted[-1] - t0}  # fmt: skip
     return {
         **{name: (at - t0 if at is not None else None) for name, at in marks.items()},
+        **intake,
         "first_step": phases["first_step_at"] - t0,
         "first_token": min(r["first"] for r in rows) - t0,
         "last_sent": max(r["start"] for r in rows) - t0,

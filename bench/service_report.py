@@ -30,7 +30,17 @@ def timeline_line(timeline: dict | None) -> str:
         f"{t['first_step']:.3f}, the first token at a client {t['first_token']:.3f}, the last request sent "
         f"{t['last_sent']:.3f}, the worker's last engine step {t['last_step']:.3f}, the last response's end "
         f"{t['last_end']:.3f}; so {t['first_step'] + t['last_end'] - t['last_step']:.3f} s of the run lie outside "
-        "the worker's stepping."
+        "the worker's stepping." + _intake_text(t)
+    )
+
+
+def _intake_text(t: dict) -> str:
+    if "all_in_redis" not in t:
+        return ""
+    return (
+        f" The burst's intake (the messages' stream ids, Redis's clock, ms resolution): half of the requests were "
+        f"in Redis by {t['half_in_redis']:.3f} s and all by {t['all_in_redis']:.3f} s; the worker had admitted "
+        f"half by {t['half_admitted']:.3f} s and all by {t['all_admitted']:.3f} s."
     )
 
 

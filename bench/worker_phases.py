@@ -33,7 +33,7 @@ class WorkerPhases:
         for name in (name for name in LOOP_PHASES if hasattr(worker, name)):
             setattr(worker, name, self._timed(name, getattr(worker, name)))
         worker._receive = self._first_call("first_read_at", worker._receive)
-        worker._admit = self._first_call("first_admit_at", worker._admit)
+        worker._admit = self._intake_clock(self._first_call("first_admit_at", worker._admit))
         worker.engine.step = self._timed("engine.step", worker.engine.step)
         # Inside _step's after-step work: building the events and handing them to the publisher (the pipe's
         # send waits when the publisher process falls behind)
@@ -57,6 +57,9 @@ class WorkerPhases:
         self.first_step_at: float | None = None
         self.last_step_at: float | None = None
         self.marks: dict[str, float] = {}
+        # (when Redis took the message, when the worker admitted it) for every message admitted, both on
+        # perf_counter's clock: how fast a burst comes in through the API against how fast the worker takes it
+        self.intake: list[tuple[float, float]] = []
         # The garbage collector's pauses, per generation (any thread's; all stop the loop's Python).
         self.gc_s = [0.0, 0.0, 0.0]
         self.gc_count = [0, 0, 0]
@@ -109,6 +112,20 @@ class WorkerPhases:
 
         return marked
 
+    def _intake_clock(self, admit):
+        """Records each message admitted: its stream id's milliseconds (Redis's wall clock, on this host)
+        moved onto perf_counter's clock, and the admission's moment."""
+
+        def timed_admit(deliveries, *args, **kwargs):
+            now = time.perf_counter()
+            wall_minus_perf = time.time() - now
+            for delivery in deliveries:
+                in_redis = int(delivery.message_id.split("-", 1)[0]) / 1000 - wall_minus_perf
+                self.intake.append((in_redis, now))
+            return admit(deliveries, *args, **kwargs)
+
+        return timed_admit
+
     def reset(self) -> None:
         self.variants.clear()
         self.totals.clear()
@@ -119,6 +136,7 @@ class WorkerPhases:
         self.started = time.perf_counter()
         self.first_step_at = self.last_step_at = None
         self.marks.clear()
+        self.intake.clear()
         self.gc_s, self.gc_count = [0.0, 0.0, 0.0], [0, 0, 0]
 
     def summary(self) -> dict:
@@ -153,6 +171,7 @@ class WorkerPhases:
             "loop_cycles": self.cycles.summary(),
             "kernel_variants": self.variants.summary(),
             "step_reads_clock": self.reads_clock.summary(),
+            "intake": [list(pair) for pair in self.intake],
         }
 
     def write(self) -> None:

@@ -46,6 +46,12 @@ def test_a_dry_run_serves_the_workload_and_reports_both_paths_steps(tmp_path) ->
     assert 0 < len(offline_first) <= 8 and 0 < len(service_first) <= 8
     assert all(row["seqs"] > 0 and row["tokens"] >= row["seqs"] for row in offline_first + service_first)
     assert "Service worker: the first" in text and "Triton kernel variants looked up" in text
+    # the burst's intake: every request of the throughput run went through Redis into the worker, in that order
+    timeline = result["service"]["timeline_s"]
+    assert len(result["service"]["worker_phases"]["intake"]) == result["workload"]["num_seqs"]
+    assert -0.002 <= timeline["half_in_redis"] <= timeline["all_in_redis"] <= timeline["all_admitted"] + 0.002
+    assert timeline["half_in_redis"] <= timeline["half_admitted"] + 0.002 <= timeline["last_step"] + 0.002
+    assert "The burst's intake" in text
     # one loop iteration by batch size: every iteration that read a step counted once, its parts inside it
     cycles = result["service"]["worker_phases"]["loop_cycles"]
     assert 0 < sum(row["iterations"] for row in cycles) <= service_steps + 1
