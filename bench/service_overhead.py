@@ -240,8 +240,6 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
             pids = {"api": [a.pid for a in stack.apis], "worker": [worker.pid], "redis": [stack.redis.pid]}
             cpu_before = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
             profiler = start_profiler(worker.pid, out)
-            # one API process over the run's first second: the burst's intake (0.5 s on an H100 in session 32)
-            api_profiler = start_profiler(stack.apis[0].pid, out, name="api", duration_s=1, rate=1000)
             redis_client = redis.Redis.from_url(stack.redis_url)
             redis_stalls.reset(redis_client)
             worker.send_signal(signal.SIGUSR1)  # the worker's phase totals start now
@@ -252,7 +250,6 @@ def _measure_service(args, directory: Path, out: Path) -> dict:
             stalls = redis_stalls.collect(redis_client)
             redis_client.close()
             stop_profiler(profiler)
-            stop_profiler(api_profiler)
             worker_phases = read_when_written(phases_path, 10.0)
             runs = [run_figures(0, elapsed, prompt_lens, [r["output_tokens"] for r in rows])]
             for seed, more_prompts, more_prompt_lens, more_output_lens in more_workloads(

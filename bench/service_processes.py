@@ -117,17 +117,14 @@ class Service:
             log.close()
 
 
-def start_profiler(pid: int, out: Path, name: str = "worker", duration_s: int | None = None,
-                   rate: int = 200) -> subprocess.Popen | None:  # fmt: skip
-    """With BENCH_PYSPY=1 and py-spy on PATH: sample a process's Python stacks (threads, only those
-    holding the GIL, without pausing it) during the throughput run (or its first `duration_s`), into
-    {STEM}_{name}_pyspy.txt (py-spy's raw format: one 'stack count' line per distinct stack)."""
+def start_profiler(pid: int, out: Path) -> subprocess.Popen | None:
+    """With BENCH_PYSPY=1 and py-spy on PATH: sample the worker's Python stacks (threads, only those
+    holding the GIL, without pausing it) during the throughput run, into {STEM}_worker_pyspy.txt
+    (py-spy's raw format: one 'stack count' line per distinct stack)."""
     if os.environ.get("BENCH_PYSPY") != "1" or not shutil.which("py-spy"):
         return None
-    duration = ["--duration", str(duration_s)] if duration_s else []
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--threads", "--gil", "--nonblocking",
-                             "--rate", str(rate), *duration, "--format", "raw",
-                             "--output", str(out / f"{STEM}_{name}_pyspy.txt")],
+                             "--rate", "200", "--format", "raw", "--output", str(out / f"{STEM}_worker_pyspy.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
 
 
