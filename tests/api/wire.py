@@ -156,6 +156,11 @@ class AutoResponder:
         self._thread = threading.Thread(target=self._run, name="auto-responder", daemon=True)
 
     def __enter__(self) -> AutoResponder:
+        # NOTE: the stream's newest entry is read here, not in the thread: a request the test sends right after
+        # `with` could otherwise reach the stream before the thread first ran and be taken for an old one
+        # (seen once in CI: test_a_started_request_leaves_the_queue waited for an answer that never came).
+        newest = self.client.xrevrange(Keys(self.prefix).requests, count=1)
+        self._last = newest[0][0] if newest else "0-0"  # answer only what arrives from now on
         self._thread.start()
         return self
 
@@ -165,8 +170,7 @@ class AutoResponder:
 
     def _run(self) -> None:
         keys = Keys(self.prefix)
-        newest = self.client.xrevrange(keys.requests, count=1)
-        last = newest[0][0] if newest else "0-0"  # answer only what arrives from now on
+        last = self._last
         while not self._stop.is_set():
             reply = self.client.xread({keys.requests: last}, block=50, count=100)
             for _, entries in reply or []:
