@@ -78,14 +78,15 @@ def batch_indices(prompt_lens: list[int], output_lens: list[int], batch: int, or
         indices.sort(key=lambda i: (output_lens[i], i))
         return [indices[i : i + batch] for i in range(0, len(indices), batch)]
     batches: list[list[int]] = []
+    widest = longest = 0  # the open batch's widest prompt and longest output
     for i in indices:
-        current = batches[-1] if batches else []
-        members = current + [i]
-        padded_len = max(prompt_lens[j] for j in members) + max(output_lens[j] for j in members)
-        if current and len(current) < batch and padded_len <= ARRIVAL_MAX_LEN:
-            current.append(i)
+        wider, longer = max(widest, prompt_lens[i]), max(longest, output_lens[i])
+        if batches and len(batches[-1]) < batch and wider + longer <= ARRIVAL_MAX_LEN:
+            batches[-1].append(i)
+            widest, longest = wider, longer
         else:
             batches.append([i])
+            widest, longest = prompt_lens[i], output_lens[i]
     return batches
 
 

@@ -208,7 +208,7 @@ class Publisher(SubmissionCounter):
     def _run(self) -> None:
         held: Batch | None = None  # taken from the queue but left out of the last write (merge_queued)
         while True:
-            batch, held = (held, None) if held is not None else (self._queue.get(), None)
+            batch = held if held is not None else self._queue.get()
             if batch is None:
                 return
             merged, count, held = merge_queued(batch, self._take_queued)

@@ -94,3 +94,22 @@ def test_summary_refuses_batches_that_do_not_add_up_to_the_workload():
            "batches": [{"index": 0, "seqs": 2, "new_tokens": 4, "useful_tokens": 7, "s": 1.0}]}  # fmt: skip
     with pytest.raises(ValueError, match="batches hold 7 output tokens, the workload 10"):
         summarize(row, None)
+
+
+def test_the_committed_whole_workload_peer_is_its_calls_combined(tmp_path):
+    # session 32's whole-workload figure came from four calls (the 8B peer in halves, its engine apart): the
+    # committed result is what --combine makes of the committed parts, not a hand-edited file
+    from pathlib import Path
+
+    session = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100" / "session32"
+    parts = ["call1_qwen3_engine_batches_0_2", "call2_qwen3_batch_3", "call3_llama8b_batches_0_1",
+             "call4_llama8b_batches_2_3"]  # fmt: skip
+    engines = ["call1_qwen3_engine_batches_0_2", "call2_llama8b_engine"]
+    merged = main(["--combine", *[str(session / p / "hf_full_workload.json") for p in parts],
+                   "--engine", *[str(session / e / "engine_offline_throughput.json") for e in engines],
+                   "--out", str(tmp_path)])  # fmt: skip
+    committed = json.loads((session / "whole" / "hf_full_workload.json").read_text())
+    assert merged["models"] == committed["models"]
+    assert (tmp_path / "hf_full_workload.md").read_text() == (session / "whole" / "hf_full_workload.md").read_text()
+    assert {name: round(r["summary"]["engine_x_peer"], 1) for name, r in merged["models"].items()} == {
+        "Qwen3-0.6B": 28.6, "Llama-3.1-8B": 22.5}  # fmt: skip
