@@ -13,9 +13,8 @@
 # engine_offline_throughput.{json,md,png}. Each phase has its own time limit so that one
 # slow phase cannot starve the others inside a 10-minute call; the benchmarks rewrite their
 # JSON and markdown after every model, so a cut-off run keeps what it measured.
-#   PHASES="tests decode offline plots" (default: all) runs a subset, so that one session's
-#   work can span two calls; "host" (never by default) adds bench/host_profile.py (cProfile of
-#   the offline workload: where the engine's host time goes).
+#   PHASES="tests decode offline plots" (default: all) runs a subset, so that one piece of
+#   work can span two calls.
 #   BASELINE_TREE=build/baseline: also run each benchmark from that tree (an earlier commit,
 #   `git archive REV engine kernels bench | tar -x -C build/baseline`; carry build), without
 #   the transformers peer, into $OUT/baseline: a same-machine A/B, since host speed differs
@@ -84,11 +83,6 @@ if wants offline; then
     timeout "${OFFLINE_TIMEOUT_S:-180}" "$PYTHON" -m bench.offline_throughput --out "$OUT" 2>&1 | tee -a "$LOG"
     offline_rc=${PIPESTATUS[0]}
     baseline bench.offline_throughput
-fi
-
-if wants host; then
-    phase "host profile"
-    timeout "${HOST_PROFILE_TIMEOUT_S:-150}" "$PYTHON" -m bench.host_profile --out "$OUT" 2>&1 | tee -a "$LOG"
 fi
 
 if wants plots; then
