@@ -11,17 +11,19 @@ host's per-step work counts), the floor (bytes per token / read bandwidth, bench
 and the fraction of it reached, and per step: host time (staging, launches, scheduler,
 detokenizer), host time blocked on the GPU, and GPU time (CUDA events). A profile of a few
 eager steps splits GPU time by kernel kind, and one of graphed steps gives each kernel's share of the
-step's timeline (bench/step_profiles.py). Writes engine_decode_latency.{json,md} into $OUT.
+step's timeline (bench/step_profiles.py). Writes decode_latency.{json,md} into --out (bench/report.py's results_folder:
+bench/results/<gpu>/ by default).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
 from pathlib import Path
+
+from bench.report import OUT_HELP
 
 MODELS = ("Llama-3.2-1B", "Llama-3.1-8B")
 PROMPT_LEN, NEW_TOKENS = 128, 512
@@ -31,13 +33,13 @@ TTFT_REPEATS = 5
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seed": 0}
 MODES = (("graphs_on", "inferq, CUDA graphs"), ("graphs_sampling", "inferq, CUDA graphs, sampling"),
          ("graphs_off", "inferq, eager"))  # fmt: skip
-STEM = "engine_decode_latency"
+STEM = "decode_latency"
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, few tokens")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the transformers peer")
     parser.add_argument("--gemv-min-features", type=int, default=None,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from bench.report import results_folder
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
@@ -278,7 +280,7 @@ def run_model_benchmark(tag: str, stem: str, args, measure_model, markdown) -> d
     device = torch.device("cpu" if args.dry_run else "cuda")
     results: dict = {"meta": environment(device), "ceilings": ceilings(device, args.dry_run), "models": {}}
     print(f"[{tag}] {results['meta']} {results['ceilings']}", flush=True)
-    out = Path(args.out)
+    out = results_folder(args.out, args.dry_run)
     for name in [m for m in args.models.split(",") if m]:
         try:
             results["models"][name] = measure_model(name, device, results["ceilings"], args.dry_run, args.skip_hf)

@@ -23,13 +23,13 @@ throughput counts only the tokens the workload asks for. Two orders:
     python -m bench.hf_full_workload --models Llama-3.1-8B --batches 3   # the rest of a cut-off run
     python -m bench.hf_full_workload --combine a/hf_full_workload.json b/hf_full_workload.json
     python -m bench.hf_full_workload --combine a/hf_full_workload.json b/hf_full_workload.json \
-        --engine c/engine_offline_throughput.json                            # the engine ran in a call of its own
+        --engine c/offline_throughput.json                            # the engine ran in a call of its own
     python -m bench.hf_full_workload --dry-run                           # CPU: tiny shape, code paths
 
 Before the timed batches, an untimed `generate` meets every context length they meet
 (warm_up_steps; `--cold` leaves it out). Writes hf_full_workload.{json,md} into --out after every
 batch, so a call cut off by its time limit keeps the batches it finished. Where
-engine_offline_throughput.json of the same run lies in --out, the report divides the engine's
+offline_throughput.json of the same run lies in --out, the report divides the engine's
 output tok/s by the peer's (only once every batch is in).
 """
 
@@ -42,12 +42,13 @@ import sys
 from pathlib import Path
 
 from bench.offline_throughput import MAX_LEN, MIN_LEN, MODELS, NUM_SEQS, workload
+from bench.report import OUT_HELP, RESULTS, gpu_folder, results_folder
 
 BATCH = 64
 ORDERS = ("arrival", "by_output")
 ARRIVAL_MAX_LEN = 2048  # vLLM's hf baseline never pads a batch past this many prompt + output tokens
 STEM = "hf_full_workload"
-ENGINE_STEM = "engine_offline_throughput"
+ENGINE_STEM = "offline_throughput"
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -55,12 +56,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--order", default=ORDERS[0], choices=ORDERS)
     parser.add_argument("--batches", default="", help="comma-separated batch indices to run (default: all)")
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--cold", action="store_true", help="time without first meeting every context length")
     parser.add_argument("--combine", nargs="+", metavar="JSON", help="merge the batches of earlier runs' JSON files")
     parser.add_argument("--engine", nargs="+", metavar="JSON", default=[],
-                        help="with --combine: engine_offline_throughput.json files whose figures the ratio takes "
+                        help="with --combine: offline_throughput.json files whose figures the ratio takes "
                              "(where a model's engine ran in a call of its own)")  # fmt: skip
     return parser.parse_args(argv)
 
@@ -211,7 +212,7 @@ def markdown(results: dict) -> str:
         "Order arrival keeps workload order (vLLM's transformers baseline); by_output groups sequences of "
         "similar output length (the least-waste order). 'process': warm when an untimed generate met every "
         "context length first (warm_up_steps), else cold. 'engine' is inferq's offline output tok/s from the same run "
-        "(engine_offline_throughput.json).",
+        "(offline_throughput.json).",
         "",
         table(rows, [("model", "model", ""), ("order", "order", ""), ("warm", "process", ""),
                      ("done", "batches", ""), ("s", "time s", ".1f"), ("useful", "output tokens", ","),
@@ -236,8 +237,10 @@ def _engine_tok_s(out: Path, name: str) -> float | None:
 def _write(out: Path, results: dict) -> None:
     from bench.engine_common import write_results
 
+    # NOTE: a figure the row already holds (--combine's --engine, or an earlier write) wins over the folder's
+    # offline_throughput.json, which in bench/results/<gpu>/ is the canonical run, not this machine's
     for name, row in results["models"].items():
-        row["summary"] = summarize(row, _engine_tok_s(out, name) or row.get("summary", {}).get("engine_output_tok_s"))
+        row["summary"] = summarize(row, row.get("summary", {}).get("engine_output_tok_s") or _engine_tok_s(out, name))
     write_results(out, STEM, results, markdown(results))
 
 
@@ -247,9 +250,11 @@ def main(argv=None) -> dict:
     from bench.engine_common import environment
 
     args = _parse_args(argv)
-    out = Path(args.out)
+    out = results_folder(args.out, args.dry_run)
     if args.combine:
         runs = [json.loads(Path(p).read_text()) for p in args.combine]
+        if not args.out and not os.environ.get("OUT"):  # the runs' GPU kind, not this machine's
+            out = RESULTS / gpu_folder(runs[0]["meta"].get("gpu"))
         engines = [json.loads(Path(p).read_text())["models"] for p in args.engine]
         results = {"meta": runs[0]["meta"], "combined_from": [r["meta"]["date"] for r in runs], "models": {}}
         for name in dict.fromkeys(n for r in runs for n in r["models"]):

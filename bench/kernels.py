@@ -4,8 +4,8 @@ decode attention, and the memory-bound kernels, against torch in the same proces
     python -m bench.kernels              # on a CUDA GPU, from the repo root
     python -m bench.kernels --dry-run    # CPU: one tiny case of each through the Triton interpreter
 
-Writes kernels.json and kernels.md into $OUT (default ./bench/results/tmp), with the
-date, GPU name and torch/triton versions. Figures are fractions of the ceilings
+Writes kernels.json and kernels.md into --out (bench/report.py's results_folder: bench/results/<gpu>/
+by default), with the date, GPU name and torch/triton versions. Figures are fractions of the ceilings
 measured in the same run and ratios to the torch peers measured beside them.
 """
 
@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import sys
 from pathlib import Path
 
-from bench.report import table
+from bench.report import OUT_HELP, results_folder, table
 
 SUITES = ("prefill", "decode", "small")
 PREFILL_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -33,7 +32,7 @@ SMALL_HIDDENS = (2048, 4096, 8192)
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="one tiny case of each on the CPU interpreter")
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"), help="output folder ($OUT)")
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated subset of {SUITES}")
     parser.add_argument("--sweep", action="store_true", help="also sweep the attention kernels' tile sizes and splits")
     parser.add_argument(
@@ -268,7 +267,7 @@ def main(argv=None) -> dict:
     meta = _environment(device)
     bench = Bench(device=device, dry_run=args.dry_run, l2_bytes=meta["l2_bytes"])
     print(f"[bench] {meta['gpu']} torch {meta['torch']} triton {meta['triton']}", flush=True)
-    out = Path(args.out)
+    out = results_folder(args.out, args.dry_run)
     results: dict = {"meta": meta, "ceilings": measure_ceilings(bench)}
     print(f"[bench] ceilings {results['ceilings']}", flush=True)
     _write(out, results)

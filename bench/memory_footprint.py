@@ -23,11 +23,11 @@ Writes memory_footprint.{json,md} into --out (default $OUT).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from bench.offline_throughput import MAX_LEN, MIN_LEN, MODELS, NUM_SEQS, build_engine, run_workload, workload
+from bench.report import OUT_HELP, results_folder
 
 STEM = "memory_footprint"
 FIT_LENGTHS = (2048, 8192)
@@ -39,7 +39,7 @@ COUNTERS = ("segment.all.allocated", "segment.all.current", "reserved_bytes.all.
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 8 short sequences")
     return parser.parse_args(argv)
 
@@ -192,7 +192,7 @@ def main(argv=None) -> dict:
     results = {"meta": environment(device), "models": []}
     for name in args.models.split(","):
         results["models"].append(measure(name, model_dir(name, tiny=args.dry_run), device, args.dry_run))
-        write_results(Path(args.out), STEM, results, markdown(results))
+        write_results(results_folder(args.out, args.dry_run), STEM, results, markdown(results))
     print(markdown(results), flush=True)
     return results
 

@@ -13,31 +13,33 @@ flatters the peer. The untimed pass matters: transformers' sdpa runs cuDNN atten
 which builds a plan for every new context length, so a cold process's steps cost ~2x (before
 2026-11-26 this subset was timed cold). bench/hf_full_workload.py measures the peer over the
 whole workload instead, in workload order and grouped by output length (the least-waste order).
-Writes engine_offline_throughput.{json,md} into $OUT.
+Writes offline_throughput.{json,md} into --out (bench/report.py's results_folder: bench/results/<gpu>/
+by default).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.report import OUT_HELP
+
 MODELS = ("Qwen3-0.6B", "Llama-3.1-8B")
 NUM_SEQS, MIN_LEN, MAX_LEN = 256, 100, 1024
 MAX_NUM_BATCHED_TOKENS = 8192
 MAX_MODEL_LEN = 2048  # the longest prompt plus the longest output, 1024 + 1024
 HF_BATCH, HF_NEW_TOKENS = 64, 128
-STEM = "engine_offline_throughput"
+STEM = "offline_throughput"
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the transformers peer")
     return parser.parse_args(argv)

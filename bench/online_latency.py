@@ -18,20 +18,22 @@ POST /v1/completions (bench/online_clients.py: open loop, CLIENT_PROCS processes
    gap between two token chunks of a stream (one token a chunk here; vLLM's benchmark_serving counts the
    same gaps). E2E: send to the stream's end. Also: requests sent late (the client's lag behind its
    schedule, which would flatter the service if large) and the achieved request and output-token rates.
-Writes online_latency.{json,md} into --out (default $OUT) and the service's logs beside them.
+Writes online_latency.{json,md} into --out (bench/report.py's results_folder: bench/results/<gpu>/ by default),
+one entry a model: a run of another model adds its entry to the file it finds there, a run of the same model
+replaces it. The service's logs go beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from pathlib import Path
 
 from bench.offline_throughput import MODELS, workload
 from bench.online_clients import run_open_loop
+from bench.report import OUT_HELP, results_folder
 from bench.service_stack import running_stack
 from bench.service_workload import percentile
 
@@ -47,7 +49,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Qwen3-0.6B", choices=list(MODELS))
     parser.add_argument("--seconds", type=float, default=60.0, help="arrivals per load (then the tail ends)")
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, short loads")
     return parser.parse_args(argv)
 
@@ -128,15 +130,34 @@ def _measure(args, directory: Path, out: Path) -> dict:
     return {"shape": shape, "capacity": capacity, "loads": loads}
 
 
+def with_model(previous: dict | None, model: str, run: dict, meta: dict) -> dict:
+    """The results file after one model's run: the other models' entries of `previous` kept, this model's
+    (its date inside) put in, in the order models were first measured."""
+    models = dict(previous["models"]) if previous else {}
+    models[model] = {"date": meta["date"], **run}
+    return {"meta": meta, "loads_of_capacity": list(LOADS), "models": models}
+
+
 def markdown(result: dict) -> str:
-    meta, shape, cap = result["meta"], result["shape"], result["capacity"]
+    meta = result["meta"]
     lines = [
         "# inferq online latency under load",
         "",
-        f"{meta['date']} · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']}",
+        f"{meta['gpu']} · torch {meta['torch']} · triton {meta['triton']}",
+    ]
+    for model, run in result["models"].items():
+        lines += ["", *_model_markdown(model, run)]
+    return "\n".join(lines) + "\n"
+
+
+def _model_markdown(model: str, result: dict) -> list[str]:
+    shape, cap = result["shape"], result["capacity"]
+    lines = [
+        f"## {model}",
         "",
-        f"{result['model']} shape, random bf16 weights; the service as bench/service_overhead.py runs it (HTTP API x "
-        f"{API_REPLICAS}, Redis, one worker; max_num_seqs 256, max_num_batched_tokens 8192, CUDA graphs). Prompts "
+        f"{result['date']} · {model} shape, random bf16 weights; the service as bench/service_overhead.py runs "
+        f"it (HTTP API x {API_REPLICAS}, Redis, one worker; max_num_seqs 256, max_num_batched_tokens 8192, CUDA "
+        "graphs). Prompts "
         f"{shape['prompt_lens'][0]}-{shape['prompt_lens'][1]} tokens and outputs {shape['output_lens'][0]}-"
         f"{shape['output_lens'][1]} (uniform; ShareGPT's means), random token ids, ignore_eos, greedy, streaming.",
         "",
@@ -163,7 +184,7 @@ def markdown(result: dict) -> str:
     errors = [e for load in result["loads"] for e in load["error_examples"]]
     if errors:
         lines += ["", "Errors (examples): " + "; ".join(errors)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None) -> dict:
@@ -172,13 +193,14 @@ def main(argv=None) -> dict:
     from bench.engine_common import environment, model_dir, write_results
 
     args = _parse_args(argv)
-    out = Path(args.out)
+    out = results_folder(args.out, args.dry_run)
     out.mkdir(parents=True, exist_ok=True)
     directory = model_dir(args.model, tiny=args.dry_run)
     measured = _measure(args, directory, out)
     # NOTE: after the service is stopped: a CUDA context in this process would take GPU memory from the worker
     meta = environment(torch.device("cpu" if args.dry_run else "cuda"))
-    result = {"meta": meta, "model": args.model, "loads_of_capacity": list(LOADS), **measured}
+    previous = out / f"{STEM}.json"
+    result = with_model(json.loads(previous.read_text()) if previous.is_file() else None, args.model, measured, meta)
     write_results(out, STEM, result, markdown(result))
     print(markdown(result), flush=True)
     return result

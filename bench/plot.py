@@ -2,13 +2,13 @@
 
     python -m bench.plot --results bench/results/h100 [--out bench/results/h100]
 
-Reads engine_decode_latency.json, engine_offline_throughput.json, hf_full_workload.json and
-service_overhead_4api.json where present and writes engine_decode_latency.png (ms/token: inferq with
-and without CUDA graphs, transformers, the floor and the goal), engine_offline_throughput.png (output
-tok/s: inferq, the roofline, transformers measured on its subset and extrapolated), hf_full_workload.png
-(the offline engine against transformers over the whole workload, with the 20x goal) and
-service_overhead_4api.png (output tok/s of the offline engine and of the service at each seed, with the
-95% goal; TTFT p50 of both at low load, with the service's goal).
+Reads decode_latency.json, offline_throughput.json, hf_full_workload.json and service_overhead.json
+where present and writes decode_latency.png (ms/token: inferq with and without CUDA graphs,
+transformers, the floor and the goal), offline_throughput.png (output tok/s: inferq, the roofline,
+transformers measured on its subset and extrapolated), hf_full_workload.png (the offline engine against
+transformers over the whole workload, with the 20x goal) and service_overhead.png (output tok/s of the
+offline engine and of the service at each seed, with the 95% goal; TTFT p50 of both at low load, with
+the service's goal).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 DECODE_GOALS_MS = {"Llama-3.2-1B": 1.0, "Llama-3.1-8B": 5.9}
 # bench/hf_full_workload.py's batch orders, as the peer chart's legend names them
 ORDER_LABELS = {"arrival": "workload order, as vLLM's hf baseline", "by_output": "grouped by output length"}
-PEER_GOAL_RATIO = 20  # issue 7: the offline engine >= 20x transformers measured in the same run
+PEER_GOAL_RATIO = 20  # the offline engine >= 20x transformers measured on the same machine
 
 
 def _subtitle(results: dict) -> str:
@@ -70,7 +70,7 @@ def plot_decode(results: dict, out: Path) -> Path:
     _bars(ax, models, series, "ms per token (lower is better)")
     ax.set_yscale("log")
     ax.set_title(f"Batch-1 decode latency, 128-token prompt, 512 new tokens\n{_subtitle(results)}", fontsize=9)
-    return _save(fig, out / "engine_decode_latency.png")
+    return _save(fig, out / "decode_latency.png")
 
 
 def plot_offline(results: dict, out: Path) -> Path:
@@ -89,11 +89,11 @@ def plot_offline(results: dict, out: Path) -> Path:
     _bars(ax, models, series, "output tokens / s (higher is better)")
     ax.set_yscale("log")
     ax.set_title(f"Offline throughput, 256 sequences, lengths uniform in [100, 1024]\n{_subtitle(results)}", fontsize=9)
-    return _save(fig, out / "engine_offline_throughput.png")
+    return _save(fig, out / "offline_throughput.png")
 
 
 def plot_peer(results: dict, out: Path) -> Path:
-    """The offline engine against transformers over the whole workload, both from one session's runs."""
+    """The offline engine against transformers over the whole workload, both measured on one machine."""
     import matplotlib.pyplot as plt
 
     models = [m for m, r in results["models"].items() if r["summary"].get("engine_x_peer")]
@@ -109,7 +109,7 @@ def plot_peer(results: dict, out: Path) -> Path:
     ], "output tokens / s (higher is better)")  # fmt: skip
     ax.set_yscale("log")
     ratios = ", ".join(f"{m} {r['engine_x_peer']:.1f}x" for m, r in zip(models, rows, strict=True))
-    ax.set_title(f"Offline workload, inferq against transformers in the same session: {ratios}\n"
+    ax.set_title(f"Offline workload, inferq against transformers on the same machine: {ratios}\n"
                  f"{_subtitle(results)}", fontsize=9)  # fmt: skip
     return _save(fig, out / "hf_full_workload.png")
 
@@ -136,7 +136,7 @@ def plot_service(results: dict, out: Path) -> Path:
     ], "ms (lower is better)")  # fmt: skip
     right.set_title(f"added by the service: {ttft['added']:.1f} ms", fontsize=9)
     fig.suptitle(f"Service overhead, {results['model']} shape, 256 streaming clients\n{_subtitle(results)}", fontsize=9)
-    return _save(fig, out / "service_overhead_4api.png")
+    return _save(fig, out / "service_overhead.png")
 
 
 def main(argv=None) -> list[Path]:
@@ -150,8 +150,8 @@ def main(argv=None) -> list[Path]:
     out = args.out or args.results
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    plots = (("engine_decode_latency", plot_decode), ("engine_offline_throughput", plot_offline),
-             ("hf_full_workload", plot_peer), ("service_overhead_4api", plot_service))  # fmt: skip
+    plots = (("decode_latency", plot_decode), ("offline_throughput", plot_offline),
+             ("hf_full_workload", plot_peer), ("service_overhead", plot_service))  # fmt: skip
     for stem, plot in plots:
         source = args.results / f"{stem}.json"
         if source.is_file():

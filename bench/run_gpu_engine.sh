@@ -9,8 +9,8 @@
 # machine lacks in .whl (carry it; today: redis, which tests/conftest.py imports), e.g.
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 -d .whl redis==8.1.0
-# Writes into $OUT (default bench/results/tmp): run.log, engine_decode_latency.{json,md,png},
-# engine_offline_throughput.{json,md,png}. Each phase has its own time limit so that one
+# Writes into $OUT (default bench/results/tmp): run.log, decode_latency.{json,md,png},
+# offline_throughput.{json,md,png}; the committed results are bench/results/<gpu>/ (docs/benchmarks.md). Each phase has its own time limit so that one
 # slow phase cannot starve the others inside a 10-minute call; the benchmarks rewrite their
 # JSON and markdown after every model, so a cut-off run keeps what it measured.
 #   PHASES="tests decode offline plots" (default: all) runs a subset, so that one piece of

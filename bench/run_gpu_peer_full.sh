@@ -12,7 +12,7 @@
 #            whole call (engine, warm-up, all 4 batches) took ~4.5 min at Qwen3-0.6B and 7.2 min at
 #            Llama-3.1-8B (session 20: the 8B's batches 242 s), within one 10-minute call; in arrival order
 #            the 8B's warm-up (~157 s) and batches (~379 s) take two calls: BATCHES=0,1 then 2,3 (session 32)
-# Writes into $OUT: gpu.txt, run.log, engine_offline_throughput.{json,md}, hf_full_workload.{json,md}.
+# Writes into $OUT: gpu.txt, run.log, offline_throughput.{json,md}, hf_full_workload.{json,md}.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"

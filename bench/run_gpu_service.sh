@@ -2,7 +2,8 @@
 # One device call: the service overhead benchmark (bench/service_overhead.py): the offline engine,
 # then redis-server + worker + API on the same GPU, same workload, in the same run.
 #
-# Run from the repo root on the GPU machine:  bash bench/run_gpu_service.sh
+# Run from the repo root on the GPU machine:  bash bench/run_gpu_service.sh   (flags go to the benchmark;
+# the canonical run is the default: 4 API processes, REPEATS=3 seeds, medians reported)
 # Carry .whl (fastapi, starlette, uvicorn, sse-starlette, pydantic(-core, -settings), python-dotenv,
 # annotated-types/-doc, typing-inspection/-extensions, httpx, httpcore, anyio, sniffio, idna, certifi,
 # h11, click, redis, prometheus-client: the versions of the dev venv) and .redisbin (redis-server
@@ -11,7 +12,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 # Writes into $OUT (default bench/results/tmp): service_overhead.{json,md}, run log and the
-# logs of redis, the worker and the API.
+# logs of redis, the worker and the API; the committed result is bench/results/<gpu>/service_overhead.*.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
@@ -34,7 +35,7 @@ if [ -x .redisbin/redis-server ]; then
     LD_LIBRARY_PATH="${INFERQ_REDIS_LIB:-}" "$INFERQ_REDIS_SERVER" --version 2>&1 | tee -a "$LOG"
 fi
 
-timeout "${SERVICE_TIMEOUT_S:-480}" "$PYTHON" -m bench.service_overhead --out "$OUT" "$@" 2>&1 | tee -a "$LOG"
+timeout "${SERVICE_TIMEOUT_S:-480}" "$PYTHON" -m bench.service_overhead --repeats "${REPEATS:-3}" --out "$OUT" "$@" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 for f in "$OUT"/service_overhead_*.log; do
     [ -f "$f" ] && { echo "--- tail of $f"; tail -n 15 "$f"; } | tee -a "$LOG"

@@ -35,6 +35,7 @@ import redis
 
 from bench import redis_stalls
 from bench.offline_throughput import MAX_NUM_BATCHED_TOKENS, NUM_SEQS, workload
+from bench.report import OUT_HELP, results_folder
 from bench.service_clients import CLIENT_KINDS, CLIENT_PROCS, SERVED_NAME, run_clients, sequential
 from bench.service_processes import (
     STEM,
@@ -59,6 +60,7 @@ from bench.service_workload import (
 from worker.window import DEFAULT_GAP_FRACTION
 
 MODEL = "Qwen3-0.6B"
+API_REPLICAS = 4  # the benchmark's service: four stateless API processes in front of one worker
 BATCH_WINDOW_MS = 1.0
 THROUGHPUT_GOAL, TTFT_GOAL_MS = 0.95, 5.0
 
@@ -66,7 +68,7 @@ THROUGHPUT_GOAL, TTFT_GOAL_MS = 0.95, 5.0
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=MODEL)
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--batch-window-ms", type=float, default=BATCH_WINDOW_MS)
     parser.add_argument("--num-seqs", type=int, default=None, help="override the workload's sequence count")
@@ -78,7 +80,11 @@ def _parse_args(argv=None) -> argparse.Namespace:
         "is shared between seeds), and report the median of each path",
     )
     parser.add_argument(
-        "--api-replicas", type=int, default=1, help="API processes (stateless replicas); clients spread over them"
+        "--api-replicas",
+        type=int,
+        default=API_REPLICAS,
+        help="API processes (stateless replicas); clients spread over them. Another count than the benchmark's "
+        "writes service_overhead_<n>api.{json,md}",
     )
     parser.add_argument(
         "--isolate-worker",
@@ -346,7 +352,7 @@ def main(argv=None) -> dict | None:
         return _worker_child(args)
     from bench.engine_common import model_dir, write_results
 
-    out = Path(args.out)
+    out = results_folder(args.out, args.dry_run)
     out.mkdir(parents=True, exist_ok=True)
     directory = model_dir(args.model, tiny=args.dry_run)
     result_path = out / f"{STEM}_offline_tmp.json"
@@ -366,7 +372,7 @@ def main(argv=None) -> dict | None:
     print("[service] phase 2: the service", flush=True)
     service = _measure_service(args, directory, out)
     results = _result(args, offline, service, directory)
-    stem = STEM if args.api_replicas == 1 else f"{STEM}_{args.api_replicas}api"
+    stem = STEM if args.api_replicas == API_REPLICAS else f"{STEM}_{args.api_replicas}api"
     stem += "_isolated" if args.isolate_worker else ""
     stem += "_cold_clients" if args.cold_clients else ""
     stem += "_httpx" if args.client == "httpx" else ""

@@ -93,7 +93,7 @@ def test_a_dry_run_reports_its_long_steps_and_the_markdown_names_them(tmp_path) 
         collected = model[mode]["long_steps_gc"]
         assert collected["long"] == on_cpu["long"] and 0 <= collected["long_with_gc"] <= collected["long"]
         assert model[mode]["steal_ms"] >= 0
-    assert json.loads((tmp_path / "engine_decode_latency.json").read_text())["models"] == result["models"]
+    assert json.loads((tmp_path / "decode_latency.json").read_text())["models"] == result["models"]
     model["graphs_on"].update(steps_over_2x_median=12, step_ms_max=4.69)
     model["graphs_on"]["timer_run_long_steps"].update(
         long=3, long_on_gpu=0, gpu_ms_max=1.01, host_ms_long=0.21, wait_ms_long=3.4

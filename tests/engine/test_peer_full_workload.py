@@ -65,7 +65,7 @@ def test_dry_run_split_over_two_calls_combines_into_the_whole_workload(tmp_path)
     # the engine's figure from the second call's run, as bench.offline_throughput writes it
     (tmp_path / "b").mkdir()
     engine = {"models": {"Qwen3-0.6B": {"output_tok_s": 1000.0}}}
-    (tmp_path / "b" / "engine_offline_throughput.json").write_text(json.dumps(engine))
+    (tmp_path / "b" / "offline_throughput.json").write_text(json.dumps(engine))
     main(["--dry-run", "--models", "Qwen3-0.6B", "--batches", "1", "--out", str(tmp_path / "b")])
 
     parts = [str(tmp_path / run / "hf_full_workload.json") for run in ("a", "b")]
@@ -79,7 +79,7 @@ def test_dry_run_split_over_two_calls_combines_into_the_whole_workload(tmp_path)
     assert row["warm_up_s"] > 0
 
     # the engine ran in a call of its own: --engine's figure is the one the ratio takes
-    engine_alone = tmp_path / "c" / "engine_offline_throughput.json"
+    engine_alone = tmp_path / "c" / "offline_throughput.json"
     engine_alone.parent.mkdir()
     engine_alone.write_text(json.dumps({"models": {"Qwen3-0.6B": {"output_tok_s": 2000.0}}}))
     again = main(["--combine", *parts, "--engine", str(engine_alone), "--out", str(tmp_path / "all_c")])
@@ -97,19 +97,33 @@ def test_summary_refuses_batches_that_do_not_add_up_to_the_workload():
 
 
 def test_the_committed_whole_workload_peer_is_its_calls_combined(tmp_path):
-    # session 32's whole-workload figure came from four calls (the 8B peer in halves, its engine apart): the
+    # the 2026-11-27 whole-workload figure came from four calls (the 8B peer in halves, its engine apart): the
     # committed result is what --combine makes of the committed parts, not a hand-edited file
     from pathlib import Path
 
-    session = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100" / "session32"
-    parts = ["call1_qwen3_engine_batches_0_2", "call2_qwen3_batch_3", "call3_llama8b_batches_0_1",
-             "call4_llama8b_batches_2_3"]  # fmt: skip
-    engines = ["call1_qwen3_engine_batches_0_2", "call2_llama8b_engine"]
-    merged = main(["--combine", *[str(session / p / "hf_full_workload.json") for p in parts],
-                   "--engine", *[str(session / e / "engine_offline_throughput.json") for e in engines],
+    results = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100"
+    parts = ["qwen3_batches_0_2", "qwen3_batch_3", "llama8b_batches_0_1", "llama8b_batches_2_3"]
+    engines = ["engine_qwen3", "engine_llama8b"]
+    merged = main(["--combine", *[str(results / "hf_full_workload_parts" / f"{p}.json") for p in parts],
+                   "--engine", *[str(results / "hf_full_workload_parts" / f"{e}.json") for e in engines],
                    "--out", str(tmp_path)])  # fmt: skip
-    committed = json.loads((session / "whole" / "hf_full_workload.json").read_text())
+    committed = json.loads((results / "hf_full_workload.json").read_text())
     assert merged["models"] == committed["models"]
-    assert (tmp_path / "hf_full_workload.md").read_text() == (session / "whole" / "hf_full_workload.md").read_text()
+    assert (tmp_path / "hf_full_workload.md").read_text() == (results / "hf_full_workload.md").read_text()
     assert {name: round(r["summary"]["engine_x_peer"], 1) for name, r in merged["models"].items()} == {
         "Qwen3-0.6B": 28.6, "Llama-3.1-8B": 22.5}  # fmt: skip
+
+
+def test_combining_into_a_results_folder_keeps_the_engine_of_the_calls(tmp_path):
+    # bench/results/<gpu>/ holds the canonical offline_throughput.json of another run: --engine's figure (the
+    # engine measured on the peer's machine) is the one the ratio takes, not the folder's
+    from pathlib import Path
+
+    parts = Path(__file__).resolve().parents[2] / "bench" / "results" / "h100" / "hf_full_workload_parts"
+    canonical = {"models": {"Qwen3-0.6B": {"output_tok_s": 1.0}, "Llama-3.1-8B": {"output_tok_s": 1.0}}}
+    (tmp_path / "offline_throughput.json").write_text(json.dumps(canonical))
+    merged = main(["--combine", *[str(parts / f"{p}.json") for p in ("qwen3_batches_0_2", "qwen3_batch_3")],
+                   "--engine", str(parts / "engine_qwen3.json"), "--out", str(tmp_path)])  # fmt: skip
+    summary = merged["models"]["Qwen3-0.6B"]["summary"]
+    engine = json.loads((parts / "engine_qwen3.json").read_text())["models"]["Qwen3-0.6B"]["output_tok_s"]
+    assert summary["engine_output_tok_s"] == engine and round(summary["engine_x_peer"], 1) == 28.6

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from bench.online_latency import load_figures, main, poisson_arrivals, requests_of
+from bench.online_latency import load_figures, main, poisson_arrivals, requests_of, with_model
 
 
 def test_arrivals_are_a_poisson_process_of_the_rate() -> None:
@@ -44,12 +44,25 @@ def test_figures_count_an_error_and_time_the_streams() -> None:
 @pytest.mark.timeout(300)
 def test_a_dry_run_serves_every_request_of_both_loads(tmp_path) -> None:
     result = main(["--dry-run", "--out", str(tmp_path)])
-    assert result["capacity"]["errors"] == 0 and result["capacity"]["completed_req_s"] > 0
-    assert [load["fraction_of_capacity"] for load in result["loads"]] == [0.5, 0.9]
-    for load in result["loads"]:
+    run = result["models"]["Qwen3-0.6B"]
+    assert run["capacity"]["errors"] == 0 and run["capacity"]["completed_req_s"] > 0
+    assert [load["fraction_of_capacity"] for load in run["loads"]] == [0.5, 0.9]
+    for load in run["loads"]:
         assert load["requests"] > 0 and load["errors"] == 0, load["error_examples"]
         assert 0 < load["ttft_ms"]["p50"] <= load["ttft_ms"]["p99"]
         assert 0 < load["itl_ms"]["p50"] <= load["itl_ms"]["p99"]
     saved = json.loads((tmp_path / "online_latency.json").read_text())
-    assert saved["loads"] == result["loads"]
+    assert saved["models"]["Qwen3-0.6B"]["loads"] == run["loads"]
     assert "| 90% |" in (tmp_path / "online_latency.md").read_text()
+
+
+def test_a_model_run_adds_its_entry_and_replaces_its_own() -> None:
+    meta = {"date": "2026-11-27T08:40:00+00:00", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6"}
+    first = with_model(None, "Qwen3-0.6B", {"loads": [1]}, meta)
+    both = with_model(first, "Llama-3.1-8B", {"loads": [2]}, {**meta, "date": "2026-11-27T08:50:00+00:00"})
+    assert list(both["models"]) == ["Qwen3-0.6B", "Llama-3.1-8B"]
+    assert both["models"]["Qwen3-0.6B"] == {"date": "2026-11-27T08:40:00+00:00", "loads": [1]}
+    again = with_model(both, "Qwen3-0.6B", {"loads": [3]}, {**meta, "date": "2026-11-28T00:00:00+00:00"})
+    assert list(again["models"]) == ["Qwen3-0.6B", "Llama-3.1-8B"] and again["models"]["Llama-3.1-8B"]["loads"] == [2]
+    assert again["models"]["Qwen3-0.6B"] == {"date": "2026-11-28T00:00:00+00:00", "loads": [3]}
+    assert first["models"] == {"Qwen3-0.6B": {"date": meta["date"], "loads": [1]}}  # the previous file untouched
