@@ -6,7 +6,7 @@ each variant's registers and spills from its SASS.
 
 Why: the CPU interpreter runs Python, so code that Triton's compiler rejects passes every CPU test. A
 return under a constexpr `if`, or a loop-carried name whose shape changes, passes there and fails only
-on the GPU. One device call of session 10 was lost that way. The compiler, ptxas and nvdisasm ship in
+on the GPU. One device call on 2026-11-24 was lost that way. The compiler, ptxas and nvdisasm ship in
 the triton wheel, so none of this needs a GPU. Spills (local loads and stores in the SASS) are what a
 kernel change most often costs without anyone noticing.
 

@@ -248,7 +248,7 @@ def _measure_hf(directory: Path, device, dtype, prompt: list[int]) -> dict:
     ids = torch.tensor([prompt], device=device)
     # The first, untimed run covers every context length the timed ones meet: transformers' sdpa runs
     # cuDNN attention on an H100, which builds a plan for each new shape (~2x a step when cold,
-    # bench/results/h100/peer_full_session19/); before 2026-11-26 the 32 steps of the slope were cold.
+    # docs/decisions/0030-transformers-peer-warm.md); before 2026-11-26 the 32 steps of the slope were cold.
     times = {n: timed_generate(model, ids, torch.ones_like(ids), n, device) for n in (max(HF_TOKENS),) + HF_TOKENS}
     del model
     free_device_memory(device)

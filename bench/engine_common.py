@@ -74,7 +74,7 @@ def environment(device: torch.device) -> dict:
         "async_scheduling": {None: "engine default", True: "on", False: "off"}[async_scheduling_setting()],
         # engine.ops's one-token dispatch thresholds: which projections take the GEMV kernels, SwiGLU inside or not
         **_one_token_dispatch(device),
-        # The host: the service's figures swing with it (bench/results/h100/service_history.md).
+        # The host: the service's figures swing with it (bench/results/HISTORY.md).
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),  # fewer when pinned (--isolate-worker)

@@ -13,11 +13,12 @@ throughput counts only the tokens the workload asks for. Two orders:
   requests in dataset order, a batch closed at `--hf-max-batch-size` or before its widest prompt
   plus longest output would pass 2,048 tokens (ARRIVAL_MAX_LEN; the offline workload's lengths never
   reach it, so its batches are plain runs of 64). vLLM times it cold; ours is warm unless `--cold`.
-  Issue 7's ">= 20x transformers" is judged against this peer (the README's "Decisions" say why).
+  The offline goal's ">= 20x transformers" is judged against this peer
+  (docs/decisions/0031-20x-against-the-workload-order-peer.md says why).
 - `by_output`: sequences grouped by output length, so a batch's outputs end together: the least
   waste `generate` allows, given every output length in advance (ignore_eos makes them known to a
   benchmark, never to a server). The strongest static-batch peer, reported beside the bar: against
-  it, 20x at Llama-3.1-8B's shape would take more than the workload's roofline (session 20).
+  it, 20x at Llama-3.1-8B's shape would take more than the workload's roofline (H100, 2026-11-26).
 
     python -m bench.hf_full_workload --models Llama-3.1-8B               # on a CUDA GPU, repo root
     python -m bench.hf_full_workload --models Llama-3.1-8B --batches 3   # the rest of a cut-off run

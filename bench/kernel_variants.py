@@ -4,8 +4,8 @@ the arguments it specialized (16-byte alignment, a value of 1) and its constexpr
 
 Used by tests/engine/test_compiles_after_start.py (no variant may be built while serving) and by the service
 benchmark's two paths (bench/service_overhead.py, bench/worker_phases.py): the service's first steps had taken
-36-46 ms where the offline engine's took ~1 ms (bench/results/h100/session27/), a variant met there being one
-candidate (session 28: none was).
+36-46 ms where the offline engine's took ~1 ms (H100, 2026-11-27), a variant met there being one candidate
+(none was, in the runs that followed).
 """
 
 from __future__ import annotations

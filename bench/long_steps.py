@@ -1,10 +1,9 @@
 """Placing the long steps of a batch-1 decode run (bench/decode_latency.py): steps whose wall time is over twice
 the run's median, on the device or the host, and whether the benchmark's thread had the CPU in them.
 
-Why: the mean ms/token of some runs sits well above their median step (session 25: 12-13 of 511 steps at 4-5 ms,
-bench/results/h100/swiglu_tile_session25/; session 26: 9 of 21 Llama-3.2-1B runs on two of six H100 machines,
-every tile alike, bench/results/h100/qkv_rope_tile_session26/); a kernel change cannot be judged by the mean
-until that tail is placed.
+Why: the mean ms/token of some runs sits well above their median step (H100, 2026-11-26: 12-13 of 511 steps at
+4-5 ms; 2026-11-27: 9 of 21 Llama-3.2-1B runs on two of six H100 machines, every tile alike; see
+bench/results/HISTORY.md); a kernel change cannot be judged by the mean until that tail is placed.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def long_steps_cpu(walls_ms: list[float], cpus_ms: list[float]) -> dict:
     Why: the thread runs the engine's host work and then spins in the CUDA event's synchronize until the device is
     done, so a step's CPU time is near its wall time; a long step with little CPU time is one where the OS had the
     thread off the CPU (preempted, or the virtual machine's CPU stolen), and one at the usual share was spent on
-    the CPU, at work or spinning (session 26: 100% in every long step measured)."""
+    the CPU, at work or spinning (2026-11-27: 100% in every long step measured)."""
     if len(walls_ms) != len(cpus_ms):
         raise ValueError(f"one CPU time a step: {len(walls_ms)} wall times, {len(cpus_ms)} CPU times")
     if not walls_ms:
@@ -149,7 +148,7 @@ def long_steps_markdown(results: dict, modes: tuple[tuple[str, str], ...]) -> li
     for name, r in results["models"].items():
         for mode, label in modes:
             m = r.get(mode)
-            t = (m or {}).get("timer_run_long_steps")  # None in results written before session 25
+            t = (m or {}).get("timer_run_long_steps")  # None in results written before 2026-11-26 22:00
             if not m or t is None or (m["steps_over_2x_median"] == 0 and t["long"] == 0):
                 continue
             on_cpu, host_wait = _cpu_clause(m.get("long_steps_cpu")), _host_wait_clause(t, m)
@@ -167,7 +166,7 @@ def long_steps_markdown(results: dict, modes: tuple[tuple[str, str], ...]) -> li
 
 def _cpu_clause(split: dict | None) -> str:
     """'; the benchmark thread's CPU time in them ...' of a long_steps_cpu split ('' without long steps, and in
-    results written before session 26, which have none)."""
+    results written before 2026-11-27, which have none)."""
     if not split or not split["long"]:
         return ""
     share = split["cpu_ms"] / split["wall_ms"]
@@ -177,7 +176,7 @@ def _cpu_clause(split: dict | None) -> str:
 
 def _gc_clause(split: dict | None) -> str:
     """'; a garbage-collector pass in ...' of a long_steps_gc split ('' without long steps, and in results written
-    before session 27, which have none)."""
+    before 2026-11-27 02:00, which have none)."""
     if not split or not split["long"]:
         return ""
     return (f"; a garbage-collector pass in {split['long_with_gc']} of them ({split['gc_ms_in_long']:.1f} ms of "
@@ -187,13 +186,13 @@ def _gc_clause(split: dict | None) -> str:
 
 def _steal_clause(stolen: float | None) -> str:
     """'; CPU time stolen by the hypervisor over the run ...' ('' where not measured: results written before
-    session 27, or no /proc/stat)."""
+    2026-11-27 02:00, or no /proc/stat)."""
     return "" if stolen is None else f"; CPU time stolen by the hypervisor over the run {stolen:.0f} ms (all CPUs)"
 
 
 def _host_wait_clause(timer_split: dict, mode: dict) -> str:
     """', host / wait time ...' of the step timer's long steps against the mode's median step ('' without long
-    steps, and in results written before session 26, which have no host / wait split)."""
+    steps, and in results written before 2026-11-27, which have no host / wait split)."""
     if not timer_split["long"] or "host_ms_long" not in timer_split:
         return ""
     return (f", host / wait time {timer_split['host_ms_long']:.2f} / {timer_split['wait_ms_long']:.2f} ms a long "

@@ -1,7 +1,7 @@
 """One worker-loop iteration, phase by phase, grouped by batch size: where the host's time goes per step.
 
 Why: at full batch the service's loop period runs over the step's GPU time (0.60 s over a run against 0.18 s
-for the offline engine, bench/results/h100/session28/), while the worker's phase totals (bench/worker_phases.py)
+for the offline engine, H100, 2026-11-27), while the worker's phase totals (bench/worker_phases.py)
 are sums over the whole run, mixing the full batch with the tail and the intake. With async scheduling the
 device waits for the host once one iteration's host work (everything but the wait for the tokens) outruns the
 step launched in it; this table says which part of that work grows with the batch.
@@ -23,7 +23,7 @@ COLUMNS = (
     ("gpu", "GPU of the step"),
     ("engine_host", "engine.step host (not blocked)"),
     ("runner_host", "of it, runner launch"),
-    ("_read_during_step", "of it, reads sent"),  # trees before session 31 sent them during the step
+    ("_read_during_step", "of it, reads sent"),  # trees before 2026-11-27 13:00 sent them during the step
     ("blocked", "blocked on the GPU"),
     ("after_step", "after the step"),
     ("events_for_outputs", "of it, events"),

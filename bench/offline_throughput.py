@@ -124,7 +124,7 @@ def _measure_engine(directory: Path, device, dry_run: bool, prompts, prompt_lens
                            ceilings["read_gbps"], ceilings["matmul_tflops"])  # fmt: skip
     records = timer.records
     gpu_s = sum(r.gpu_ms for r in records) / 1e3
-    # graphed decode steps only: mixed steps (prefill chunks) replay graphs too, up to 8,192 tokens since session 28
+    # graphed decode steps only: mixed steps (prefill chunks) replay graphs too, up to 8,192 tokens since 2026-11-27
     decode = [r for r in records if r.graphed and r.num_tokens == r.num_seqs]
     decode_floor_s = 0.0
     for r in decode:  # the roofline of the decode steps the engine actually ran
@@ -262,7 +262,7 @@ def markdown(results: dict) -> str:
         "detokenizer, outputs) and host time blocked on the GPU. 'GPU of roofline' = roofline / GPU busy time; "
         "'decode GPU of floor' = the floor of the graphed decode steps the engine ran (their batch and context "
         "lengths) / their GPU time; 'other GPU s' = the other steps (prefill chunks, alone or with decodes; "
-        "graphed up to 8,192 tokens since session 28, eager before above 512).",
+        "graphed up to 8,192 tokens since 2026-11-27, eager before above 512).",
         "",
         table(
             host,

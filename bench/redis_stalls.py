@@ -1,6 +1,6 @@
 """What kept the benchmark's private Redis busy: its slow log and latency monitor over one throughput run.
 
-Why: session 31's clock on the worker's step reads (bench/step_reads_clock.py) found the loop's remaining waits
+Why: the clock on the worker's step reads (H100, 2026-11-27, bench/step_reads_clock.py) found the loop's remaining waits
 in a few stretches of 6-50 ms in which Redis answered nothing, outside any save or AOF rewrite in its log. Redis
 records both kinds of cause itself once asked to: the slow log keeps every command that ran longer than a
 threshold (an EVAL of a merged publisher batch, an XRANGE of a long stream), the latency monitor every internal
@@ -64,7 +64,7 @@ def collect(client) -> dict:
 
 
 def stalls_line(stalls: dict | None) -> str:
-    """The report's sentence (runs before session 31 have none)."""
+    """The report's sentence (runs before 2026-11-27 13:00 have none)."""
     if not stalls:
         return ""
     commands = ", ".join(

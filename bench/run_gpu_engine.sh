@@ -64,7 +64,7 @@ xdist_args=()
 if "$PYTHON" -c 'import xdist' 2>/dev/null; then
     xdist_args=(-n "${TEST_WORKERS:-8}")
 fi
-# TEST_PATHS: a subset (say, without tests/kernels when bench/run_gpu_kernels.sh ran them in this session)
+# TEST_PATHS: a subset (say, without tests/kernels when bench/run_gpu_kernels.sh ran them in an earlier call)
 read -r -a test_paths <<<"${TEST_PATHS:-tests/engine/test_gpu_parity.py tests/engine/test_cuda_graphs.py tests/engine/test_compiles_after_start.py tests/kernels}"
 timeout "${TESTS_TIMEOUT_S:-170}" "$PYTHON" -m pytest "${test_paths[@]}" \
     -q -p no:cacheprovider -p no:benchmark --durations=15 "${xdist_args[@]}" 2>&1 | tee -a "$LOG"

@@ -3,15 +3,15 @@
 # the same machine (bench/hf_full_workload.py), so the ratio compares two figures of one run.
 # Run from the repo root:  MODELS=Llama-3.1-8B bash bench/run_gpu_peer_full.sh
 #   MODELS   comma-separated (default Llama-3.1-8B)
-#   ORDER    arrival (default: workload order, vLLM's hf baseline, the peer of issue 7's 20x) or by_output
+#   ORDER    arrival (default: workload order, vLLM's hf baseline, the peer of the offline goal's 20x) or by_output
 #            (batches grouped by output length, the least-waste order)
 #   BATCHES  the peer's batch indices to run (default all); a cut-off run's rest goes into another
 #            call, and `python -m bench.hf_full_workload --combine` merges the two JSON files
 #   COLD=1   times the peer without its warm-up (bench/hf_full_workload.py's warm_up_steps)
 #   ENGINE=0 leaves out the engine's run; PEER_TIMEOUT_S (default 480) bounds the peer. On an H100 a
 #            whole call (engine, warm-up, all 4 batches) took ~4.5 min at Qwen3-0.6B and 7.2 min at
-#            Llama-3.1-8B (session 20: the 8B's batches 242 s), within one 10-minute call; in arrival order
-#            the 8B's warm-up (~157 s) and batches (~379 s) take two calls: BATCHES=0,1 then 2,3 (session 32)
+#            Llama-3.1-8B (2026-11-26: the 8B's batches 242 s), within one 10-minute call; in arrival order
+#            the 8B's warm-up (~157 s) and batches (~379 s) take two calls: BATCHES=0,1 then 2,3 (2026-11-27)
 # Writes into $OUT: gpu.txt, run.log, offline_throughput.{json,md}, hf_full_workload.{json,md}.
 set -uo pipefail
 

@@ -2,7 +2,7 @@
 processes (so that the clients are not the bottleneck) or one at a time (TTFT at low load).
 
 Two kinds: "socket" (the default, bench/socket_clients.py: one write a request, the response read as raw
-bytes) and "httpx" (the load generator of the runs before session 28). Only the arrival of the response
+bytes) and "httpx" (the load generator of the runs before 2026-11-27 05:00). Only the arrival of the response
 headers, of the first token and the usage trailer are parsed.
 """
 

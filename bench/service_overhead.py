@@ -97,7 +97,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
         choices=CLIENT_KINDS,
         default="socket",
         help="the load generator: 'socket' (bench/socket_clients.py: one write a request, the response read as "
-        "bytes) or 'httpx' (every run before session 28; its own CPU and per-request work spread the burst)",
+        "bytes) or 'httpx' (every run before 2026-11-27 05:00; its own CPU and per-request work spread the burst)",
     )
     parser.add_argument(
         "--cold-clients",

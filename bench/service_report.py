@@ -56,7 +56,7 @@ def phases_line(phases: dict | None) -> str:
         f"events and bookkeeping after the step {p.get('_step', 0) - p.get('engine.step', 0):.2f} s, admitting "
         f"while running {p.get('_admit_if_due', 0):.2f} s, the steps' reads sent "
         f"{p.get('_read_during_step', 0) + p.get('_send_reads_for_step', 0):.2f} s (during each step's forward pass "
-        f"before session 31, before the engine schedules the step since), intake while idle "
+        f"before 2026-11-27 13:00, before the engine schedules the step since), intake while idle "
         f"{p.get('_intake', 0):.2f} s "
         f"(waiting for work: {p.get('_intake_idle', 0):.2f} s), replies of the steps' reads "
         f"(cancel check, new messages) {p.get('_finish_step_reads', 0):.2f} s (inside 'events and bookkeeping'; "
@@ -81,7 +81,7 @@ def _gc_text(phases: dict) -> str:
 
 
 def _client_words(svc: dict) -> str:
-    """The load generator: results before session 28 used httpx and do not say so."""
+    """The load generator: results before 2026-11-27 05:00 used httpx and do not say so."""
     if svc.get("client", "httpx") == "httpx":
         return "httpx clients"
     return "socket clients (bench/socket_clients.py: one write a request, the response read as bytes)"
@@ -89,7 +89,7 @@ def _client_words(svc: dict) -> str:
 
 def periods_lines(offline: list[dict] | None, service: list[dict] | None) -> list[str]:
     """Both paths' seed-0 steps by batch size (bench/step_periods.py): where the device waited for the host.
-    Results written before session 27 have neither."""
+    Results written before 2026-11-27 02:00 have neither."""
     from bench.step_periods import period_markdown
 
     if not offline or not service:
@@ -99,7 +99,7 @@ def periods_lines(offline: list[dict] | None, service: list[dict] | None) -> lis
 
 def first_steps_lines(off: dict, svc: dict) -> list[str]:
     """Both paths' first seed-0 steps one by one (bench/step_periods.py) and the Triton kernel variants each
-    looked up while timed (bench/kernel_variants.py); results before session 28 have neither."""
+    looked up while timed (bench/kernel_variants.py); results before 2026-11-27 05:00 have neither."""
     from bench.step_periods import first_steps_markdown
 
     phases = svc.get("worker_phases") or {}

@@ -4,9 +4,9 @@ Why not httpx (bench/service_clients.py keeps it as `--client httpx`): the bench
 GPU machine's CPUs with the API, Redis and the worker, and httpx's own work became part of what was measured.
 Its clients used 3.7 cores over the run (~0.2 ms of client CPU a streamed token), and its per-request work in
 each 64-client process spread the burst out: the last request left 0.28 s after the first and the first reached
-the worker 0.12 s in (bench/results/h100/session27/, call 7's timeline), while the offline engine it is compared
+the worker 0.12 s in (H100, 2026-11-27, the run's timeline), while the offline engine it is compared
 with has every prompt at once. Measured on the 2-core dev box, 64 requests of 100-1024 ids to one API process
-(bench/results/devbox/socket_clients.md): they entered Redis over 0.59-0.75 s from httpx, 0.13-0.22 s from here.
+(2026-11-27, f930100): they entered Redis over 0.59-0.75 s from httpx, 0.13-0.22 s from here.
 
 A client's connection is opened and its whole HTTP/1.1 request (headers and body, `connection: close`) encoded
 before the clock starts; at the start it is one write. The response is read until the server closes it,

@@ -2,7 +2,7 @@
 StepTiming) grouped by batch size, each group's loop period against its GPU time.
 
 Why: the service benchmark's worker runs the offline engine's steps plus the service's own host work, and on
-slower hosts the service falls to 85-92% of the offline engine (bench/results/h100/service_history.md); the
+slower hosts the service falls to 85-92% of the offline engine (bench/results/HISTORY.md); the
 loop's totals say the host is busy ~90% of the run but not at which batch sizes its work outruns the GPU's.
 A step's period is the wall time from its start to the next step's start (with async scheduling the host
 stages step k + 1 while the device runs step k, so a period over the step's GPU time is time the device
@@ -51,7 +51,7 @@ def period_markdown(label: str, groups: list[dict]) -> list[str]:
 
 # Steps listed one by one at the start of a run: the service's first steps (a burst still arriving, the
 # worker's first admissions) took 36-46 ms of runner host time in 1-3 one-sequence steps where the offline
-# engine's first steps took ~1 ms each (bench/results/h100/session27/); the groups above cannot say which.
+# engine's first steps took ~1 ms each (H100, 2026-11-27); the groups above cannot say which.
 FIRST_STEPS = 8
 
 

@@ -1,7 +1,7 @@
 """When Redis answered the worker's step reads, against when they were sent and when the loop waited for them.
 
 Why: on slower H100 hosts the worker's loop waited 0.4-0.8 ms an iteration at full batch for the replies of the
-reads it sent while the GPU ran the step (bench/results/h100/session30/), although they had ~1.5 ms to come
+reads it sent while the GPU ran the step (H100, 2026-11-27), although they had ~1.5 ms to come
 back. Whether Redis answered late (busy with the publisher's event script of the previous step) or the replies
 were there and reading them was slow decides the fix. So every send gets a TIME appended, whose reply is Redis's
 clock once it ran the reads (the host's wall clock: Redis runs beside the worker), and the loop's own receive
@@ -67,7 +67,7 @@ class StepReadsClock:
             "answered_after_receive_ms": stats(late),
             "receive_ms": stats(waited),
             "answered_late_share": sum(1 for r in self.records if r[1] > r[2]) / len(self.records),
-            # where the mean's tail lies (session 31: a few waits of 20-50 ms carried most of it): the longest
+            # where the mean's tail lies (2026-11-27: a few waits of 20-50 ms carried most of it): the longest
             # receives as (s after the window's first send, receive ms, ms Redis answered after the loop came)
             "longest_receives": [
                 (r[0] - self.records[0][0], 1000 * (r[3] - r[2]), max(0.0, 1000 * (r[1] - r[2])))
@@ -77,7 +77,7 @@ class StepReadsClock:
 
 
 def clock_line(summary: dict | None) -> str:
-    """The report's sentence about the step reads' replies (runs before session 31 have none)."""
+    """The report's sentence about the step reads' replies (runs before 2026-11-27 13:00 have none)."""
     if not summary or not summary.get("sends"):
         return ""
     a, h = summary["answered_after_send_ms"], summary["receive_after_send_ms"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 # Worker methods timed (each call's wall time, summed); _iteration holds all the others. _finish_step_reads runs
 # inside _step, after engine.step; the reads' send inside _step too (_send_reads_for_step, before engine.step,
-# since session 31), or inside engine.step while the GPU works (_read_during_step, earlier trees: the service
+# since 2026-11-27), or inside engine.step while the GPU works (_read_during_step, earlier trees: the service
 # A/B runs this file against them). A name the worker lacks is skipped.
 LOOP_PHASES = ("_iteration", "_intake", "_admit_if_due", "_read_during_step", "_send_reads_for_step",
                "_finish_step_reads", "_check_cancels", "_drop_late", "_drop_lost", "_step")  # fmt: skip
@@ -41,7 +41,7 @@ class WorkerPhases:
 
         worker.publisher.submit = self._timed("publisher.submit", worker.publisher.submit)
         # Inside _finish_step_reads: the replies' wait alone (the rest parses new messages and resolves cancels).
-        # Session 28 saw 0.28-0.50 s a run in _finish_step_reads on H100 hosts without knowing the wait's share.
+        # Runs of 2026-11-27 saw 0.28-0.50 s a run in _finish_step_reads on H100 hosts without knowing the wait's share.
         # Below the timer: Redis's clock on each send's replies (bench/step_reads_clock.py)
         from bench.step_reads_clock import StepReadsClock
 

@@ -3,7 +3,7 @@
 Triton compiles a kernel variant the first time a launch needs it: a new constexpr, dtype, or class of
 an integer argument (1, a multiple of 16, anything else) that the kernel specializes. A compile takes
 ~0.1-1 s, on a fresh worker with an empty cache; in the middle of serving it stalls every request in
-the step (session 22: the staging kernel's step-varying sizes cost the first offline run 14%). So
+the step (H100, 2026-11-26: the staging kernel's step-varying sizes cost the first offline run 14%). So
 every variant that serving needs must be compiled while the engine starts: the warm-up forwards and
 the CUDA-graph capture (engine/model_runner.py). The workload here crosses what varies from step to
 step: prompts of 1, 16 and other token counts, a prompt chunked over steps, arrivals that make mixed
@@ -119,7 +119,7 @@ def test_eager_steps_over_the_largest_graph_compile_no_kernel(tiny_ckpt: Callabl
     """A step budget over the largest mixed graph: steps over 8,192 tokens run eagerly, at any token and sequence
     count. Their kernels take the same variants as the captured buckets' (a token count of 1, a multiple of 16 or
     other): this passed with no warm-up added for it when the largest graph held 512 tokens (H100,
-    bench/results/h100/compiles_session23/, calls 7 and 15); kept as the guard of that coverage."""
+    2026-11-26, two calls recorded in 2b585a6); kept as the guard of that coverage."""
     forget_built_kernels()
     with VariantLog() as log:
         engine = _engine(tiny_ckpt("llama"), OVER_GRAPHS)
@@ -131,7 +131,7 @@ def test_eager_steps_over_the_largest_graph_compile_no_kernel(tiny_ckpt: Callabl
 @needs_gpu
 def test_an_eager_engine_compiles_no_kernel_while_serving(tiny_ckpt: Callable[[str], Path]) -> None:
     """enforce_eager: no graph capture; decode and small mixed steps padded to the graphs' buckets, each
-    bucket run once at start. Unpadded (session 23, H100, a fresh cache) this engine built 47 variants, 17 s
+    bucket run once at start. Unpadded (H100, 2026-11-26, a fresh cache) this engine built 47 variants, 17 s
     of compiles, while serving: decode attention and its merge take the split count, which follows the
     batch size, as a constexpr, and RMSNorm its row count's class."""
     forget_built_kernels()

@@ -120,7 +120,7 @@ def test_ops_rms_norm_linear_agrees_across_backends(with_residual, num_tokens, s
 
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
 def test_small_models_take_the_one_token_kernels_only_where_they_chain_with_pdl(pdl, monkeypatch):
-    """The dispatch thresholds (engine/ops.py; measured on an H100 in session 26): with PDL, the projections of
+    """The dispatch thresholds (engine/ops.py; measured on an H100 on 2026-11-27): with PDL, the projections of
     the small models (smallest weight dims: Qwen3-0.6B 1024, Qwen2.5-0.5B 896, SmolLM2-135M 576) take the GEMV
     kernels, plain and norm-fused; without PDL (no Hopper, INFERQ_PDL=0) only weights of 4096 / 2048 do."""
     monkeypatch.setattr(ops, "use_pdl", lambda device: pdl)

@@ -96,7 +96,7 @@ def _variants(kernel) -> int:
 @pytest.mark.skipif(not ON_GPU, reason="compiled variants exist on a GPU only (the interpreter compiles nothing)")
 def test_every_size_runs_one_compiled_variant(device):
     """The sizes change every step: a size Triton specialized (1, a multiple of 16, anything else) would
-    compile another variant the first time a step met its class, in the middle of serving (session 22:
+    compile another variant the first time a step met its class, in the middle of serving (2026-11-26:
     the first offline run on a fresh H100 lost 14% to it). One variant must serve them all."""
     from kernels.stage_batch import _stage_kernel
     from kernels.write_to_host import _write_kernel
