@@ -23,7 +23,8 @@ from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput, StepRecord
 from engine.request import FinishReason, Request
-from engine.sampling_params import MAX_SEED, SamplingParams
+from engine.request_checks import check_prompt, split_priors
+from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.tokenizer import (
     apply_chat_template,
@@ -156,8 +157,9 @@ class LLMEngine(OutputProcessing):
         """
         if request_id in self._children:
             raise ValueError(f"request_id {request_id!r} is already running")
-        self._validate_prompt(prompt_token_ids, params)
-        priors = self._split_priors(prior_output_token_ids, params.n)
+        check_priority(priority)
+        check_prompt(prompt_token_ids, params, self.max_model_len, self.vocab_size)
+        priors = split_priors(prior_output_token_ids, params.n)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         ids = []
         for index in range(params.n):
@@ -190,34 +192,6 @@ class LLMEngine(OutputProcessing):
         if params.max_tokens is None:
             return self.max_model_len
         return min(self.max_model_len, num_tokens + params.max_tokens - num_prior)
-
-    def _validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt must hold at least one token")
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {n} tokens, but max_model_len is {self.max_model_len} "
-                "(the prompt must leave room for at least one output token)"
-            )
-        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens ({params.max_tokens}) plus the prompt ({n} tokens) exceeds "
-                f"max_model_len ({self.max_model_len})"
-            )
-        for i, token in enumerate(prompt_token_ids):
-            if not isinstance(token, int) or not 0 <= token < self.vocab_size:
-                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is outside the vocabulary [0, {self.vocab_size})")
-
-    @staticmethod
-    def _split_priors(prior: list[int] | list[list[int]] | None, n: int) -> list[list[int]]:
-        if not prior:
-            return [[] for _ in range(n)]
-        if n == 1 and all(isinstance(t, int) for t in prior):
-            return [list(prior)]  # type: ignore[arg-type]
-        if len(prior) != n or not all(isinstance(p, list) for p in prior):
-            raise ValueError(f"prior_output_token_ids must hold one list per choice (n = {n})")
-        return [list(p) for p in prior]  # type: ignore[arg-type]
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """Aborts every choice of the request, freeing its KV blocks now."""

@@ -138,7 +138,7 @@ def test_bad_messages_are_dead_lettered_and_the_worker_keeps_serving(redis_serve
     assert "prompt: is not valid UTF-8" in reasons["not-utf8"]
     assert "outside the vocabulary" in reasons["out-of-vocab"]
     assert "max_model_len" in reasons["too-long"]
-    assert "temperature must be >= 0" in reasons["bad-temperature"]
+    assert "params.temperature: must be a number in [0, 2], got -1" in reasons["bad-temperature"]
     # A result stream outside the prefix's namespace is refused; the error goes to the default stream.
     assert f"result_stream: must start with '{prefix}:result:'" in reasons["foreign-stream"]
     assert not client.exists("elsewhere")
