@@ -37,8 +37,8 @@ class RequestMessage:
     """One job, as submitted. Exactly one of prompt / messages / prompt_token_ids is set.
 
     `params` holds SamplingParams fields as plain JSON values (logit_bias keys become ints), each
-    within worker/protocol/sampling_limits.py.
-    `result_stream` is None for the default `Keys.result(id)`; use `result_stream_for(keys)`.
+    within worker/protocol/sampling_limits.py. `result_stream` may be left out: the result stream
+    is always `Keys.result(id)`, and a worker dead-letters a message that names any other.
     """
 
     id: str
@@ -52,7 +52,8 @@ class RequestMessage:
     created: float | None = None
 
     def result_stream_for(self, keys: Keys) -> str:
-        return self.result_stream or keys.result(self.id)
+        """The request's result stream: derived from its id, whatever the message names."""
+        return keys.result(self.id)
 
 
 def _check_request_id(request_id: Any) -> str:
