@@ -22,8 +22,9 @@ from engine.launched_step import LaunchedStep
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput, StepRecord
-from engine.request import FinishReason, Request
-from engine.sampling_params import MAX_SEED, SamplingParams
+from engine.request import FinishReason, Request, RequestStatus
+from engine.request_checks import check_prompt, split_priors
+from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.tokenizer import (
     apply_chat_template,
@@ -105,7 +106,7 @@ class LLMEngine(OutputProcessing):
         self.async_scheduling = (
             config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
         )
-        self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None  # launched, tokens not read
+        self._in_flight: list[tuple[SchedulerOutput, LaunchedStep]] = []  # launched, tokens not read; oldest first
         # Requests whose sampling reads their earlier tokens on the host (penalties): while any
         # runs, steps are synchronous.
         self._sync_request_ids: set[str] = set()
@@ -156,8 +157,9 @@ class LLMEngine(OutputProcessing):
         """
         if request_id in self._children:
             raise ValueError(f"request_id {request_id!r} is already running")
-        self._validate_prompt(prompt_token_ids, params)
-        priors = self._split_priors(prior_output_token_ids, params.n)
+        check_priority(priority)
+        check_prompt(prompt_token_ids, params, self.max_model_len, self.vocab_size)
+        priors = split_priors(prior_output_token_ids, params.n)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         ids = []
         for index in range(params.n):
@@ -191,34 +193,6 @@ class LLMEngine(OutputProcessing):
             return self.max_model_len
         return min(self.max_model_len, num_tokens + params.max_tokens - num_prior)
 
-    def _validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt must hold at least one token")
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {n} tokens, but max_model_len is {self.max_model_len} "
-                "(the prompt must leave room for at least one output token)"
-            )
-        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens ({params.max_tokens}) plus the prompt ({n} tokens) exceeds "
-                f"max_model_len ({self.max_model_len})"
-            )
-        for i, token in enumerate(prompt_token_ids):
-            if not isinstance(token, int) or not 0 <= token < self.vocab_size:
-                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is outside the vocabulary [0, {self.vocab_size})")
-
-    @staticmethod
-    def _split_priors(prior: list[int] | list[list[int]] | None, n: int) -> list[list[int]]:
-        if not prior:
-            return [[] for _ in range(n)]
-        if n == 1 and all(isinstance(t, int) for t in prior):
-            return [list(prior)]  # type: ignore[arg-type]
-        if len(prior) != n or not all(isinstance(p, list) for p in prior):
-            raise ValueError(f"prior_output_token_ids must hold one list per choice (n = {n})")
-        return [list(p) for p in prior]  # type: ignore[arg-type]
-
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """Aborts every choice of the request, freeing its KV blocks now."""
         outputs = []
@@ -235,7 +209,7 @@ class LLMEngine(OutputProcessing):
         request that has not finished (an aborted request's last step needs no reading)."""
         if self.scheduler.has_unfinished():
             return True
-        return self._in_flight is not None and any(not s.request.is_finished for s in self._in_flight[0].scheduled)
+        return any(not s.request.is_finished for sched, _ in self._in_flight for s in sched.scheduled)
 
     # ---- the step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -246,6 +220,9 @@ class LLMEngine(OutputProcessing):
         tokens while the device runs the new one. A request that finished in the previous step
         (EOS, a stop string) may already be in the new step: its extra token is dropped. The
         last call, with nothing left to schedule, only reads.
+
+        A step whose launch or token read raises is run again one request at a time, and only the
+        requests that fail alone finish with an error (see `_relaunch_alone`).
         """
         started = time.monotonic()
         outputs: list[RequestOutput] = []
@@ -257,14 +234,21 @@ class LLMEngine(OutputProcessing):
         self._record(sched)
         if sched.is_empty:
             outputs += self._collect()
-            self.last_step.duration_s = time.monotonic() - started
-            return outputs
-        try:
-            launched = self.runner.launch(sched)
-        except Exception as exc:  # a failing forward fails its step's requests, never the engine
-            logger.exception("step %d failed", self._num_steps)
-            outputs += self._collect()
-            return outputs + self._fail(sched.scheduled, f"{type(exc).__name__}: {exc}")
+        else:
+            try:
+                launched = self.runner.launch(sched)
+            except Exception as exc:  # one request's failure must not fail the others: see _relaunch_alone
+                logger.exception("step %d failed", self._num_steps)
+                outputs += self._collect()  # the step before: no token of these requests stays pending
+                outputs += self._relaunch_alone(sched, exc)
+            else:
+                self._launched(sched, launched)
+                outputs += self._collect(keep=1 if overlap else 0)
+        self.last_step.duration_s = time.monotonic() - started
+        return outputs
+
+    def _launched(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
+        """The step is on the device: its tokens count as computed, its samples as pending."""
         for item in sched.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
@@ -272,34 +256,75 @@ class LLMEngine(OutputProcessing):
                 self._num_prompt_computed += item.num_new_tokens
         for request in launched.requests:
             request.num_pending_tokens += 1
-        outputs += self._collect()
-        self._in_flight = (sched, launched)
-        if not overlap:
-            outputs += self._collect()
-        self.last_step.duration_s = time.monotonic() - started
+        self._in_flight.append((sched, launched))
+
+    def _collect(self, keep: int = 0) -> list[RequestOutput]:
+        """Reads the steps in flight, oldest first, all but the newest `keep` (waiting for their tokens),
+        and turns them into outputs."""
+        outputs: list[RequestOutput] = []
+        while len(self._in_flight) > keep:
+            sched, launched = self._in_flight.pop(0)
+            try:
+                result = launched.result()
+            except Exception as exc:
+                logger.exception("reading step %d's tokens failed", self._num_steps)
+                # NOTE: a step launched after this one took its pending tokens from it on the device: none of
+                # its work can be kept either. Every request goes back to where this step found it.
+                later, self._in_flight = self._in_flight, []
+                for step in [*reversed(later), (sched, launched)]:
+                    self._roll_back(*step)
+                outputs += self._relaunch_alone(sched, exc)
+                continue
+            block_size = self.block_manager.block_size
+            for item in sched.scheduled:
+                # Blocks that this step filled get their prefix hash now that their tokens are known. A step that
+                # crosses no block boundary fills none (a decode step of 15 in 16 requests, with blocks of 16).
+                start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
+                if end // block_size > start // block_size and not item.request.is_finished:
+                    self.block_manager.cache_full_blocks(item.request, end)
+            outputs += self._process(result)
         return outputs
 
-    def _collect(self) -> list[RequestOutput]:
-        """Reads the step in flight (waiting for its tokens) and turns them into outputs."""
-        if self._in_flight is None:
-            return []
-        sched, launched = self._in_flight
-        self._in_flight = None
-        try:
-            result = launched.result()
-        except Exception as exc:
-            logger.exception("reading step %d's tokens failed", self._num_steps)
-            for request in launched.requests:
-                request.num_pending_tokens -= 1
-            return self._fail(sched.scheduled, f"{type(exc).__name__}: {exc}")
-        block_size = self.block_manager.block_size
+    def _roll_back(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
+        """Undoes `_launched` for a step whose tokens will never be read. A request preempted since keeps
+        its 0 computed tokens (it recomputes from its tokens); its blocks' hashes were never set, as a
+        step's blocks are hashed only once its tokens are read."""
+        for request in launched.requests:
+            request.num_pending_tokens -= 1
         for item in sched.scheduled:
-            # Blocks that this step filled get their prefix hash now that their tokens are known. A step that
-            # crosses no block boundary fills none (a decode step of 15 in 16 requests, with blocks of 16).
-            start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
-            if end // block_size > start // block_size and not item.request.is_finished:
-                self.block_manager.cache_full_blocks(item.request, end)
-        return self._process(result)
+            request = item.request
+            if request.num_computed_tokens > item.num_computed_tokens:
+                if item.num_computed_tokens < request.num_prompt_tokens:
+                    self._num_prompt_computed -= item.num_new_tokens
+                request.num_computed_tokens = item.num_computed_tokens
+
+    def _relaunch_alone(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """After `sched` failed (its launch, or reading its tokens) with no token of its requests pending:
+        runs each of its requests that still runs as a step of its own, read at once, and fails only
+        those whose step fails alone. A step of one request fails it.
+
+        NOTE: this rare path is synchronous (k launches and k reads for a step of k requests). Each
+        request's own step is its share of the failed one (same tokens, same positions, same blocks: its
+        KV slots are written again with the same values), so greedy and seeded requests go on exactly as
+        if the step had not failed; the runner's partial state of the failed launch is discarded by
+        ModelRunner.launch (block-table rows) or is never read (no token is pending from it)."""
+        running = [item for item in sched.scheduled if item.request.status is RequestStatus.RUNNING]
+        if len(running) <= 1:
+            return self._fail(running, f"{type(exc).__name__}: {exc}")
+        outputs: list[RequestOutput] = []
+        for item in running:
+            if item.request.status is not RequestStatus.RUNNING:
+                continue
+            alone = SchedulerOutput([item])
+            try:
+                launched = self.runner.launch(alone)
+            except Exception as alone_exc:
+                logger.warning("request %s fails a step of its own: %s", item.request.request_id, alone_exc)
+                outputs += self._fail([item], f"{type(alone_exc).__name__}: {alone_exc}")
+                continue
+            self._launched(alone, launched)
+            outputs += self._collect()  # a failed read comes back here with this one request, and fails it
+        return outputs
 
     def _record(self, sched: SchedulerOutput) -> None:
         prefill = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)

@@ -324,4 +324,4 @@ def _nothing_sampled() -> ModelRunnerOutput:
 def _is_plain_greedy(request: Request) -> bool:
     """Greedy with nothing that changes the logits first (penalties, bias, min_tokens) and no logprobs."""
     p = request.sampling_params
-    return p.temperature == 0.0 and p.logprobs is None and only_chooses(request)
+    return p.is_greedy and p.logprobs is None and only_chooses(request)

@@ -23,6 +23,7 @@ import torch
 
 from engine import ops
 from engine.request import Logprob, Request
+from engine.sampling_params import SamplingParams
 from kernels.random_sample import asks_step_0, pack_params
 from kernels.random_sample_ref import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
     filter_top_k_top_p_min_p,
@@ -124,7 +125,11 @@ class Sampler:
         waiting for it. When every row only chooses (greedy, temperature, top-k/p, min-p: no
         penalties, bias or min_tokens) that is ops.random_sample, two kernels on CUDA; else `sample`."""
         if all(map(only_chooses, requests)):
-            rows = [(p.temperature, p.effective_top_k, p.top_p, p.min_p) for p in (r.sampling_params for r in requests)]
+            vocab = logits.shape[-1]
+            rows = [
+                (0.0 if p.is_greedy else p.temperature, top_k_within(p, vocab), p.top_p, p.min_p)
+                for p in (r.sampling_params for r in requests)
+            ]
             columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[], [], [], []]
             params = pack_params(*columns, sampling_keys(requests), pin=logits.is_cuda)
             rows_ask = any(asks_step_0(t, k, p) for t, k, p, _ in rows)
@@ -209,14 +214,22 @@ class Sampler:
         return logits
 
     def _sample_random(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        vocab = logits.shape[-1]
         return race_sample(
             logits,
-            [r.sampling_params.temperature or 1.0 for r in requests],
-            [r.sampling_params.effective_top_k for r in requests],
+            [1.0 if r.sampling_params.is_greedy else r.sampling_params.temperature for r in requests],
+            [top_k_within(r.sampling_params, vocab) for r in requests],
             [r.sampling_params.top_p for r in requests],
             [r.sampling_params.min_p for r in requests],
             sampling_keys(requests),
         )
+
+
+def top_k_within(params: SamplingParams, vocab_size: int) -> int:
+    """top_k as sampling applies it: 0 (off) when disabled or when k keeps the whole vocabulary (vLLM clamps
+    it so too); any k the limits allow (up to 2**31 - 1) then fits every integer type a kernel takes."""
+    k = params.effective_top_k
+    return k if k < vocab_size else 0
 
 
 def only_chooses(request: Request) -> bool:

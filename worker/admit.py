@@ -1,12 +1,21 @@
 """Admission: turning delivered messages into engine requests, or into dead letters.
 
 Every message ends in exactly one of these ways:
+- a duplicate (another message already owns its request id): a dead letter, acknowledged; nothing
+  is written to the id's result stream, which belongs to the owner;
 - admitted: tokenized, resumed from its result stream if it has one, added to the engine;
 - already complete (its result stream holds the terminal events): acknowledged only;
 - cancelled before it started: "done"/"abort" events, acknowledged;
 - deadline passed before it started: an error event, acknowledged;
 - rejected (malformed, poison, or the engine refuses it with ValueError): an error event to the
   client when it has a valid id, a dead letter naming the reason, acknowledged.
+
+A request id belongs to the first message that reaches admission with it: `SET {prefix}:owner:{id}
+<message entry id> NX GET` in the admission's one round trip. The same entry delivered again (a worker
+died before its XACK, a lease takeover) finds its own entry id there and resumes as before; a different
+entry with the id finds another and is a duplicate, on any worker. The key expires with the result
+stream (the publisher refreshes both), so an id is free again once its results are gone.
+The result stream is always `{prefix}:result:{id}`: a message that names another is malformed.
 """
 
 from __future__ import annotations
@@ -20,7 +29,6 @@ import redis
 from worker.intake import Delivery
 from worker.job import Job
 from worker.protocol import (
-    MAX_RESULT_STREAM_CHARS,
     Keys,
     ProtocolError,
     RequestMessage,
@@ -51,6 +59,7 @@ class _Candidate:
     result_stream: str | None
     message: RequestMessage | None = None
     reason: str | None = None  # set: reject this one
+    owner: str | None = None  # the entry id of the message that owns request_id, when another one does
 
 
 def _num_choices(message: RequestMessage) -> int:
@@ -65,14 +74,19 @@ class Admitter:
     keys: key names.
     consumer: this worker's consumer name (marks its events).
     max_deliveries: a message delivered more often than this is poison.
+    result_ttl_s: how long a request id stays owned after admission (the publisher extends it while the
+        request's result stream is written: the two expire together).
     """
 
-    def __init__(self, engine, client: redis.Redis, keys: Keys, consumer: str, max_deliveries: int) -> None:
+    def __init__(
+        self, engine, client: redis.Redis, keys: Keys, consumer: str, max_deliveries: int, result_ttl_s: int
+    ) -> None:
         self.engine = engine
         self.client = client
         self.keys = keys
         self.consumer = consumer
         self.max_deliveries = max_deliveries
+        self.result_ttl_s = result_ttl_s
 
     def admit(self, deliveries: list[Delivery], active_request_ids: set[str]) -> Admission:
         """Admit deliveries; Redis reads happen here, writes go into the returned batch.
@@ -90,11 +104,14 @@ class Admitter:
         with_stream = [c for c in candidates if c.result_stream is not None]
         streams = [c.result_stream for c in with_stream]
         valid_ids = sorted({c.request_id for c in candidates if c.reason is None})
-        prior_list, cancelled = self._read_priors_and_cancels(streams, valid_ids)
+        prior_list, cancelled = self._read_priors_and_cancels(streams, valid_ids, with_stream)
         priors = dict(zip(map(id, with_stream), prior_list))
         active = set(active_request_ids)  # grows as this batch is admitted: one id, one job
         for candidate in candidates:
             prior = priors.get(id(candidate), PriorOutput())
+            if candidate.owner is not None:
+                self._refuse_duplicate(out, candidate)
+                continue
             if candidate.message is not None and prior.is_complete(_num_choices(candidate.message)):
                 out.batch.acks.append(candidate.delivery.message_id)  # finished by a worker that died before XACK
                 continue
@@ -107,24 +124,18 @@ class Admitter:
     def _parse(self, delivery: Delivery) -> _Candidate:
         fields = delivery.fields
         request_id = request_id_of(fields)
-        stream = None
-        if request_id is not None:
-            raw_stream = fields.get(b"result_stream", fields.get("result_stream"))
-            raw_stream = raw_stream.decode(errors="replace") if isinstance(raw_stream, bytes) else raw_stream
-            ok = isinstance(raw_stream, str) and 0 < len(raw_stream) <= MAX_RESULT_STREAM_CHARS
-            stream = raw_stream if ok else self.keys.result(request_id)
-        # NOTE: a submitter may name its result stream, but only inside this prefix's result
-        # namespace: a worker must never write into arbitrary keys (and under the Redis ACL such a
-        # write is refused, which would fail the whole per-step transaction of every request).
-        namespace = self.keys.result("")
-        outside = stream is not None and not stream.startswith(namespace)
-        if outside:
-            stream = self.keys.result(request_id)
+        # NOTE: the result stream is derived from the id, never taken from the message: a worker writes only
+        # into the stream of a request it owns (see the module's docstring), and a message naming another
+        # request's stream would otherwise write into it.
+        stream = self.keys.result(request_id) if request_id is not None else None
         candidate = _Candidate(delivery, request_id, stream)
         try:
             candidate.message = decode_request(fields)
-            if outside:
-                raise ProtocolError("result_stream", f"must start with {namespace!r}")
+            named = candidate.message.result_stream
+            if named is not None and named != stream:
+                raise ProtocolError(
+                    "result_stream", f"must be {stream!r} (the request's own) or absent, got {named[:80]!r}"
+                )
         except ProtocolError as exc:
             candidate.reason = f"invalid message: {exc}"
         except Exception as exc:  # never let one message take the worker down
@@ -137,9 +148,10 @@ class Admitter:
         return candidate
 
     def _read_priors_and_cancels(
-        self, streams: list[str], request_ids: list[str]
+        self, streams: list[str], request_ids: list[str], with_stream: list[_Candidate]
     ) -> tuple[list[PriorOutput], set[str]]:
-        """What each result stream already holds, and which of the requests were cancelled: one round trip."""
+        """What each result stream already holds, and which of the requests were cancelled: one round trip,
+        which also claims each candidate's request id (sets `owner` on the candidates that are duplicates)."""
         # NOTE: one pipeline, not two: at low load the admission's reads lie on the path to the first token
         # (bench/ttft_path.py), and each round trip is one more wait on Redis before the prefill starts.
         if not streams and not request_ids:
@@ -148,8 +160,19 @@ class Admitter:
         queue_prior_reads(pipe, streams)
         if request_ids:
             pipe.mget([self.keys.cancel(i) for i in request_ids])
+        for candidate in with_stream:
+            # NX GET: set if free, and either way hand back what was there (Redis >= 7.0)
+            owner_key = self.keys.owner(candidate.request_id)
+            pipe.set(owner_key, candidate.delivery.message_id, nx=True, get=True, ex=self.result_ttl_s)
         results = pipe.execute(raise_on_error=False)
         priors = parse_priors(streams, results[: len(streams)])
+        owners = results[len(streams) + bool(request_ids) :]
+        for candidate, owner in zip(with_stream, owners, strict=True):
+            if isinstance(owner, Exception):
+                raise owner
+            owner = owner.decode() if isinstance(owner, bytes) else owner
+            if owner is not None and owner != candidate.delivery.message_id:
+                candidate.owner = owner
         if not request_ids:
             return priors, set()
         values = results[len(streams)]
@@ -226,6 +249,21 @@ class Admitter:
         if message.messages is not None:
             return list(self.engine.apply_chat_template(message.messages))
         return list(self.engine.encode(message.prompt))
+
+    def _refuse_duplicate(self, out: Admission, candidate: _Candidate) -> None:
+        """A second message with an id another message owns: a dead letter only (the id's result stream is
+        the owner's), acknowledged."""
+        delivery = candidate.delivery
+        reason = (
+            f"duplicate: request id {candidate.request_id!r} belongs to message {candidate.owner} (running, or "
+            "finished with its result stream not yet expired); use a new id"
+        )
+        logger.warning("dead letter %s (%s): %s", candidate.request_id, delivery.message_id, reason)
+        out.batch.dead_letters.append(
+            encode_dead_letter(candidate.request_id, reason, delivery.message_id, delivery.fields)
+        )
+        out.batch.acks.append(delivery.message_id)
+        out.num_dead_letters += 1
 
     def _reject(self, out: Admission, candidate: _Candidate, prior: PriorOutput, reason: str) -> None:
         delivery = candidate.delivery

@@ -73,7 +73,9 @@ class Worker(IntakeLoop):
         self.step_reads = DeferredReplies(self.client)
         self._step_reads_sent: StepReadsSent | None = None
         self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
-        self.admitter = Admitter(self.engine, self.client, self.keys, self.consumer, settings.max_deliveries)
+        self.admitter = Admitter(
+            self.engine, self.client, self.keys, self.consumer, settings.max_deliveries, settings.result_ttl_s
+        )
         callbacks = {"on_lost": self.held.report_lost_request, "on_written": self._count_written}
         self.publisher: Publisher | PublisherProcess
         if settings.publisher_process:

@@ -43,9 +43,9 @@ MAX_MERGED_BATCHES = 64
 # per-write overhead the merge saves is small next to the events' own cost.
 MAX_MERGED_EVENTS = 512
 DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
-# A result stream's EXPIRE is refreshed when this fraction of its TTL has passed since the last
-# refresh (and on every terminal event), not on every write: a stream then never expires while its
-# request runs, lives result_ttl_s after its last event, and costs no EXPIRE per token.
+# A result stream's EXPIRE (and its request id's owner key's) is refreshed when this fraction of its TTL has
+# passed since the last refresh (and on every terminal event), not on every write: a stream then never
+# expires while its request runs, lives result_ttl_s after its last event, and costs no EXPIRE per token.
 EXPIRE_REFRESH_FRACTION = 0.25
 
 
@@ -251,6 +251,10 @@ class Publisher(SubmissionCounter):
         pipe = self.client.pipeline(transaction=True)
         if writes:
             pipe.execute_command("EVAL", *write_events_args(self.result_ttl_s, writes))
+        # The request id stays owned (worker/admit.py) as long as its result stream lives: its key's expiry is
+        # refreshed with the stream's.
+        for request_id in dict.fromkeys(rid for (rid, _, _), write in zip(owners, writes, strict=True) if write[4]):
+            pipe.expire(self.keys.owner(request_id), self.result_ttl_s)
         for letter in batch.dead_letters:
             pipe.xadd(self.keys.dead, letter, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
         if batch.acks:

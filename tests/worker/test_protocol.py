@@ -37,6 +37,7 @@ def test_keys_derive_every_name_from_the_prefix():
     assert keys.result("r1") == "acme:result:r1"
     assert keys.events("r1") == "acme:events:r1"
     assert keys.cancel("r1") == "acme:cancel:r1"
+    assert keys.owner("r1") == "acme:owner:r1"
     assert keys.worker("host-1-ab") == "acme:worker:host-1-ab"
     assert keys.worker_pattern == "acme:worker:*"
     assert Keys().requests == "inferq:requests"

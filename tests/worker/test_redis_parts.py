@@ -115,6 +115,27 @@ def test_publisher_refreshes_expiry_on_first_and_terminal_events_not_per_token(r
     assert publisher.close(5)
 
 
+def test_publisher_keeps_the_request_id_owned_as_long_as_its_result_stream(redis_server, prefix):
+    """The owner key admission sets (worker/admit.py) expires with the result stream: refreshed by the first
+    and terminal events, not per token; a request without one gets none."""
+    keys, client = Keys(prefix), redis_server.client()
+    publisher, _, _ = _publisher(client, keys)  # result_ttl_s = 60
+    client.set(keys.owner("r1"), "1-0", ex=5)
+    publisher.submit(_write(keys, "r1", _token(1, 10)))
+    assert publisher.flush(5)
+    assert 55 < client.ttl(keys.owner("r1")) <= 60
+    client.expire(keys.owner("r1"), 1000)
+    publisher.submit(_write(keys, "r1", _token(2, 11)))
+    assert publisher.flush(5)
+    assert client.ttl(keys.owner("r1")) > 900
+    publisher.submit(_write(keys, "r1", ResultEvent(seq=3, type="done", finish_reason="stop", worker="w1")))
+    publisher.submit(_write(keys, "r2", ResultEvent(seq=1, type="error", error="bad", worker="w1")))
+    assert publisher.flush(5)
+    assert 55 < client.ttl(keys.owner("r1")) <= 60 and client.get(keys.owner("r1")) == b"1-0"
+    assert not client.exists(keys.owner("r2")) and client.xlen(keys.result("r2")) == 1
+    assert publisher.close(5)
+
+
 def test_publisher_keeps_events_while_redis_is_down(redis_server, prefix):
     from tests.redis_server import RedisServer
 

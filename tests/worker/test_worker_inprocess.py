@@ -138,9 +138,9 @@ def test_bad_messages_are_dead_lettered_and_the_worker_keeps_serving(redis_serve
     assert "prompt: is not valid UTF-8" in reasons["not-utf8"]
     assert "outside the vocabulary" in reasons["out-of-vocab"]
     assert "max_model_len" in reasons["too-long"]
-    assert "temperature must be >= 0" in reasons["bad-temperature"]
-    # A result stream outside the prefix's namespace is refused; the error goes to the default stream.
-    assert f"result_stream: must start with '{prefix}:result:'" in reasons["foreign-stream"]
+    assert "params.temperature: must be a number in [0, 2], got -1" in reasons["bad-temperature"]
+    # A result stream other than the request's own is refused; the error goes to the request's own stream.
+    assert f"result_stream: must be '{prefix}:result:foreign-stream' (the request's own)" in reasons["foreign-stream"]
     assert not client.exists("elsewhere")
     for request_id in (
         "no-version", "bad-json", "not-utf8", "out-of-vocab", "too-long", "bad-temperature", "foreign-stream"

@@ -78,6 +78,11 @@ class Keys:
     def events(self, request_id: str) -> str:
         return f"{self.prefix}:events:{request_id}"
 
+    def owner(self, request_id: str) -> str:
+        """The request stream entry id of the message that owns this request id (SET NX at admission, expiring
+        with its result stream): a different message with the same id is a duplicate, see worker/admit.py."""
+        return f"{self.prefix}:owner:{request_id}"
+
     def cancel(self, request_id: str) -> str:
         return f"{self.prefix}:cancel:{request_id}"
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.protocol.fields import _check_token_ids, _finite_float, _is_int, _load_json, _normalize
+from worker.protocol.fields import _check_token_ids, _finite_float, _load_json, _normalize
 from worker.protocol.names import (
     MAX_REQUEST_ID_CHARS,
     MAX_RESULT_STREAM_CHARS,
@@ -17,14 +17,28 @@ from worker.protocol.names import (
     Keys,
     ProtocolError,
 )
+from worker.protocol.sampling_limits import (
+    LOGIT_BIAS_LIMITS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_STOP_SEQUENCE_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_STOP_TOKEN_IDS,
+    OPTIONAL_PARAMS,
+    PRIORITY_LIMITS,
+    SAMPLING_LIMITS,
+    TOKEN_ID_LIMITS,
+    param_error,
+    range_error,
+)
 
 
 @dataclass
 class RequestMessage:
     """One job, as submitted. Exactly one of prompt / messages / prompt_token_ids is set.
 
-    `params` holds SamplingParams fields as plain JSON values (logit_bias keys become ints).
-    `result_stream` is None for the default `Keys.result(id)`; use `result_stream_for(keys)`.
+    `params` holds SamplingParams fields as plain JSON values (logit_bias keys become ints), each
+    within worker/protocol/sampling_limits.py. `result_stream` may be left out: the result stream
+    is always `Keys.result(id)`, and a worker dead-letters a message that names any other.
     """
 
     id: str
@@ -38,7 +52,8 @@ class RequestMessage:
     created: float | None = None
 
     def result_stream_for(self, keys: Keys) -> str:
-        return self.result_stream or keys.result(self.id)
+        """The request's result stream: derived from its id, whatever the message names."""
+        return keys.result(self.id)
 
 
 def _check_request_id(request_id: Any) -> str:
@@ -63,6 +78,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def _check_params(params: Any) -> dict[str, Any]:
+    """The keys, and every value against worker/protocol/sampling_limits.py (the engine checks them again)."""
     if not isinstance(params, dict):
         raise ProtocolError("params", "must be a JSON object")
     unknown = sorted(set(params) - SAMPLING_PARAM_FIELDS)
@@ -71,15 +87,77 @@ def _check_params(params: Any) -> dict[str, Any]:
             "params", f"unknown sampling parameter(s) {unknown}; allowed: {sorted(SAMPLING_PARAM_FIELDS)}"
         )
     params = dict(params)
-    bias = params.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, dict):
-            raise ProtocolError("params.logit_bias", "must be an object of token id -> bias")
-        try:
-            params["logit_bias"] = {int(token): value for token, value in bias.items()}
-        except ValueError:
-            raise ProtocolError("params.logit_bias", "keys must be integer token ids") from None
+    for name, value in params.items():
+        if value is None and name in OPTIONAL_PARAMS:
+            continue
+        if name in SAMPLING_LIMITS:
+            reason = param_error(name, value)
+            if reason is not None:
+                raise ProtocolError(f"params.{name}", reason)
+    _check_relations(params)
+    for name in ("ignore_eos", "skip_special_tokens"):
+        if name in params and not isinstance(params[name], bool):
+            raise ProtocolError(f"params.{name}", f"must be true or false, got {params[name]!r}")
+    if "stop" in params:
+        _check_stop(params["stop"])
+    if "stop_token_ids" in params:
+        params["stop_token_ids"] = _check_stop_token_ids(params["stop_token_ids"])
+    if params.get("logit_bias") is not None:
+        params["logit_bias"] = _check_logit_bias(params["logit_bias"])
     return params
+
+
+def _check_relations(params: dict[str, Any]) -> None:
+    max_tokens, min_tokens = params.get("max_tokens"), params.get("min_tokens", 0)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise ProtocolError("params.min_tokens", f"must be at most max_tokens ({max_tokens}), got {min_tokens}")
+
+
+def _check_stop(stop: Any) -> None:
+    if stop is None:
+        return
+    strings = [stop] if isinstance(stop, str) else stop
+    if not isinstance(strings, list) or len(strings) > MAX_STOP_SEQUENCES:
+        raise ProtocolError("params.stop", f"must be a string or a list of at most {MAX_STOP_SEQUENCES} strings")
+    for i, text in enumerate(strings):
+        if not isinstance(text, str) or not 0 < len(text) <= MAX_STOP_SEQUENCE_CHARS:
+            raise ProtocolError(f"params.stop[{i}]", f"must be a string of 1 to {MAX_STOP_SEQUENCE_CHARS} characters")
+
+
+def _check_stop_token_ids(token_ids: Any) -> list[int]:
+    if token_ids is None:
+        return []
+    if not isinstance(token_ids, list) or len(token_ids) > MAX_STOP_TOKEN_IDS:
+        raise ProtocolError("params.stop_token_ids", f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+    low, high = TOKEN_ID_LIMITS
+    for i, token in enumerate(token_ids):
+        reason = range_error(token, low, high, integer=True)
+        if reason is not None:
+            raise ProtocolError(f"params.stop_token_ids[{i}]", reason)
+    return token_ids
+
+
+def _check_logit_bias(bias: Any) -> dict[int, float]:
+    """JSON object keys are strings: they become int token ids here."""
+    if not isinstance(bias, dict):
+        raise ProtocolError("params.logit_bias", "must be an object of token id -> bias")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ProtocolError("params.logit_bias", f"may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(bias)}")
+    low, high = TOKEN_ID_LIMITS
+    checked = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ProtocolError("params.logit_bias", f"keys must be integer token ids, got {str(key)[:40]!r}") from None
+        reason = range_error(token, low, high, integer=True)
+        if reason is not None:
+            raise ProtocolError("params.logit_bias", f"keys (token ids) {reason}")
+        reason = range_error(value, *LOGIT_BIAS_LIMITS, integer=False)
+        if reason is not None:
+            raise ProtocolError(f"params.logit_bias[{token}]", reason)
+        checked[token] = value
+    return checked
 
 
 def _validate_request(message: RequestMessage) -> None:
@@ -94,8 +172,9 @@ def _validate_request(message: RequestMessage) -> None:
     if message.prompt_token_ids is not None:
         _check_token_ids("prompt_token_ids", message.prompt_token_ids)
     _check_params(message.params)
-    if not _is_int(message.priority):
-        raise ProtocolError("priority", f"must be an integer, got {message.priority!r}")
+    reason = range_error(message.priority, *PRIORITY_LIMITS, integer=True)
+    if reason is not None:
+        raise ProtocolError("priority", reason)
     if message.result_stream is not None and not 0 < len(message.result_stream) <= MAX_RESULT_STREAM_CHARS:
         raise ProtocolError("result_stream", f"must hold 1 to {MAX_RESULT_STREAM_CHARS} characters")
 
