@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.responses import publish_openapi_as_answered
+
 log = logging.getLogger("inferq.api")
 
 INVALID_REQUEST = "invalid_request_error"
@@ -116,11 +118,17 @@ def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and (part in _UNION_TAGS or any(c in part for c in "[-("))
 
 
+# Where FastAPI found a bad request parameter other than the body, as a message names it.
+_PARAMETER_KINDS = {"header": "header", "query": "query parameter", "path": "path parameter"}
+
+
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'."""
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; ('header', 'Idempotency-Key') -> itself."""
+    if len(loc) > 1 and loc[0] in _PARAMETER_KINDS:
+        return str(loc[1])  # a header's name as the client sends it: its '-' is no union tag
     out = ""
     for part in loc:
-        if part in ("body", "query", "path", "header") and not out or _is_union_tag(part):
+        if part == "body" and not out or _is_union_tag(part):
             continue
         if isinstance(part, int):
             out += f"[{part}]"
@@ -130,7 +138,7 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
 
 
 def validation_error(exc: RequestValidationError) -> ApiError:
-    """FastAPI/pydantic validation failure -> 400 naming the most specific bad field."""
+    """FastAPI/pydantic validation failure -> 400 naming the most specific bad field or parameter."""
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request body")
@@ -140,11 +148,13 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     if first.get("type") == "json_invalid":
         return bad_request(f"request body is not valid JSON: {first.get('msg', '')}", code="invalid_json")
     param = _loc_to_param(loc)
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is not None and loc and loc[0] in _PARAMETER_KINDS:
+        return bad_request(f"{param} {_PARAMETER_KINDS[loc[0]]}: {msg}", param=param, code="invalid_value")
     field_error = (first.get("ctx") or {}).get("error")
     if isinstance(field_error, FieldError):
         param = f"{param}.{field_error.param}" if param else field_error.param
         return bad_request(f"{param}: {field_error.message}", param=param, code="invalid_value")
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if param is None:
         return bad_request(f"request body: {msg}", code="invalid_body")
     return bad_request(f"{param}: {msg}", param=param, code="invalid_value")
@@ -154,6 +164,8 @@ _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    publish_openapi_as_answered(app)  # the OpenAPI document says 400 where FastAPI's default says 422
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc)

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from api.auth import AuthorizedCaller, Caller
 from api.collect import collect
 from api.errors import ApiError
+from api.limits import MODEL_LIMIT_CODES
 from api.responses import ChatCompletion, Completion, ModelCard, ModelList, completion_responses, error_responses
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, app_state
@@ -51,7 +52,9 @@ async def _answer(
     return JSONResponse(answer, headers=request_id_header)
 
 
-@router.post("/v1/chat/completions", responses=completion_responses(ChatCompletion), response_model=None)
+@router.post(
+    "/v1/chat/completions", responses=completion_responses(ChatCompletion, MODEL_LIMIT_CODES), response_model=None
+)
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
@@ -61,7 +64,7 @@ async def chat_completions(
     return await _answer(app_state(request), request, caller, body, idempotency_key)
 
 
-@router.post("/v1/completions", responses=completion_responses(Completion), response_model=None)
+@router.post("/v1/completions", responses=completion_responses(Completion, MODEL_LIMIT_CODES), response_model=None)
 async def completions(
     body: CompletionRequest,
     request: Request,

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from api import attachments
 from api.auth import AuthorizedCaller, Caller
-from api.errors import ApiError, bad_request
+from api.errors import ApiError
 from api.request_meta import RequestMeta, load_meta
 from api.responses import CancelResult, error_responses
 from api.state import AppState, app_state
@@ -39,20 +39,22 @@ async def _owned(state: AppState, request_id: str, caller: Caller) -> RequestMet
     return meta
 
 
-def _parse_last_event_id(header: str | None, query: int | None) -> int:
+# A sequence number: at most 18 digits, so that every value the pattern admits is one the API takes.
+LAST_EVENT_ID_PATTERN = r"^[0-9]{0,18}$"
+LastEventIdHeader = Annotated[
+    str | None,
+    Header(
+        alias="Last-Event-ID",
+        pattern=LAST_EVENT_ID_PATTERN,
+        description="The id of the last event received (a sequence number): resume after it.",
+    ),
+]
+
+
+def _resume_after(header: str | None, query: int | None) -> int:
     if query is not None:
         return query
-    if header is None or header.strip() == "":
-        return 0
-    try:
-        value = int(header.strip())
-    except ValueError:
-        raise bad_request(
-            f"Last-Event-ID must be a sequence number (an integer >= 0), got {header[:40]!r}", param="Last-Event-ID"
-        ) from None
-    if value < 0:
-        raise bad_request(f"Last-Event-ID must be >= 0, got {value}", param="Last-Event-ID")
-    return value
+    return int(header) if header else 0
 
 
 @router.get(
@@ -65,11 +67,11 @@ async def resume_stream(
     request_id: RequestId,
     request: Request,
     caller: AuthorizedCaller,
-    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+    last_event_id_header: LastEventIdHeader = None,
     last_event_id: Annotated[int | None, Query(ge=0, le=2**62)] = None,
 ) -> Response:
     state = app_state(request)
-    after = _parse_last_event_id(last_event_id_header, last_event_id)
+    after = _resume_after(last_event_id_header, last_event_id)
     meta = await _owned(state, request_id, caller)
     # A request that never started gives up at the same time as on the replica that admitted it.
     start_left = meta.created + state.settings.queue_timeout_s + START_SLACK_S - time.time()
@@ -77,7 +79,7 @@ async def resume_stream(
     return sse_response(state, meta, relay(state, meta, source, resume_after=after))
 
 
-@router.post("/v1/requests/{request_id}/cancel", response_model=CancelResult, responses=error_responses(401, 404))
+@router.post("/v1/requests/{request_id}/cancel", response_model=CancelResult, responses=error_responses(400, 401, 404))
 async def cancel_request(request_id: RequestId, request: Request, caller: AuthorizedCaller) -> CancelResult:
     """Ask the worker to stop the request (it ends with finish_reason "abort"); False if it had finished."""
     state = app_state(request)

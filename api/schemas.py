@@ -4,11 +4,16 @@ Decisions (a vLLM/OpenAI user would expect these):
 - Unknown fields are ignored, as OpenAI does. Fields of features inferq does not
   implement (tools, functions, response_format other than text, audio, echo, ...)
   are rejected with a 400 that names the field, never silently dropped.
-- Types are strict: "0.5" is not a temperature, true is not an integer.
+- Types are strict: "0.5" is not a temperature, true is not an integer. An integral
+  float (5.0) is an integer, as JSON Schema and vLLM have it (api/field_types.py).
+- Every number has both bounds, published in the OpenAPI document; so are the rules
+  between fields (best_of equals n, top_logprobs needs logprobs, stream_options needs
+  stream), so that a body the document admits is a body the API accepts, up to the
+  limits of the served model.
 - `prompt` is one prompt: a string, a list of token ids, or a list holding exactly one
   of those. Several prompts in one request are rejected (send one request per prompt).
 - Limits that need the model (context length, vocabulary) are checked by the route
-  once the model is known; everything else is checked here.
+  once the model is known (api/limits.py); everything else is checked here.
 """
 
 from __future__ import annotations
@@ -19,39 +24,97 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    Strict,
     StrictBool,
-    StrictInt,
     StrictStr,
     field_validator,
     model_validator,
 )
 
 from api.errors import FieldError
-from api.unsupported import invalid_unicode_path, reject_unsupported
+from api.field_types import (
+    GREEDY_BELOW_TEMPERATURE,
+    LOGIT_BIAS_KEY,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_LOGPROBS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_PENALTY,
+    MAX_PRIORITY,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_SEQUENCE_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPERATURE,
+    MAX_TOKEN_ID,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    SEED_BOUND,
+    integer,
+    logit_bias_token,
+    number,
+    token_ids,
+)
+from api.unsupported import invalid_unicode_path, is_one_of, reject_unsupported, unsupported_properties
 
-# NOTE: these mirror engine/sampling_params.py (the API may not import the engine); the
-# engine checks them again, the API repeats them to answer 400 before anything is enqueued.
-MAX_N = 16
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_SEQUENCE_CHARS = 256
-MAX_LOGPROBS = 20
-MAX_LOGIT_BIAS_ENTRIES = 300
-MAX_SEED = 2**63 - 1
-MAX_MESSAGES = 1024
-MAX_STOP_TOKEN_IDS = 64
-MAX_PRIORITY = 2**31 - 1
-
-
-def _finite(lo: float | None = None, hi: float | None = None, gt: float | None = None) -> Any:
-    return Annotated[float, Strict(), Field(ge=lo, le=hi, gt=gt, allow_inf_nan=False)]
-
-
-Temperature = _finite(0.0, 2.0)
-Probability = _finite(0.0, 1.0)
-Penalty = _finite(-2.0, 2.0)
 StopString = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
-TokenId = Annotated[StrictInt, Field(ge=0)]
+MaxTokens = integer(1, description="At least 1; prompt + max_tokens must fit the model's context (max_model_len).")
+MinTokens = integer(0, description="At least 0 and at most max_tokens.")
+Temperature = number(
+    0.0,
+    MAX_TEMPERATURE,
+    description=f"In [0, {MAX_TEMPERATURE:g}]. 0 is greedy; so is any temperature below "
+    f"{GREEDY_BELOW_TEMPERATURE:g}, as in vLLM (dividing logits by it would overflow them).",
+)
+TopP = number(gt=0.0, hi=1.0, description="In (0, 1].")
+TopK = integer(-1, MAX_TOP_K, description=f"In [-1, {MAX_TOP_K}]; -1 or 0 disables.")
+MinP = number(0.0, 1.0, description="In [0, 1].")
+Choices = integer(1, MAX_N, description=f"In [1, {MAX_N}].")
+Seed = integer(0, lt=SEED_BOUND, description="In [0, 2**63 - 1].")
+Penalty = number(-MAX_PENALTY, MAX_PENALTY, description=f"In [-{MAX_PENALTY:g}, {MAX_PENALTY:g}].")
+RepetitionPenalty = number(
+    MIN_REPETITION_PENALTY,
+    MAX_REPETITION_PENALTY,
+    description=f"In [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]; 1 disables.",
+)
+LogitBias = Annotated[
+    dict[str, number(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)],  # type: ignore[valid-type]
+    Field(
+        max_length=MAX_LOGIT_BIAS_ENTRIES,
+        description=f"Token id (ASCII digits, in the vocabulary) -> bias in [-{MAX_LOGIT_BIAS:g}, "
+        f"{MAX_LOGIT_BIAS:g}]; at most {MAX_LOGIT_BIAS_ENTRIES} entries.",
+        json_schema_extra={"propertyNames": {"pattern": LOGIT_BIAS_KEY}},
+    ),
+]
+StopTokenIds = token_ids(
+    max_length=MAX_STOP_TOKEN_IDS, description=f"Token ids in [0, {MAX_TOKEN_ID}] and in the vocabulary."
+)
+Priority = integer(-MAX_PRIORITY, MAX_PRIORITY, description="In [-(2**31 - 1), 2**31 - 1].")
+Logprobs = integer(0, MAX_LOGPROBS, description=f"In [0, {MAX_LOGPROBS}].")
+TopLogprobs = integer(0, MAX_LOGPROBS, description=f"In [0, {MAX_LOGPROBS}]; only with logprobs true.")
+BestOf = integer(1, MAX_N, description="Only equal to n (server-side best-of is not supported).")
+
+
+def _requires(field: str, partner: str, value: Any) -> dict[str, Any]:
+    """JSON Schema: when `field` is given (not null), `partner` must be `value`."""
+    return {
+        "anyOf": [
+            {"properties": {field: {"type": "null"}}},  # also holds where `field` is absent
+            {"properties": {partner: {"const": value}}, "required": [partner]},
+        ]
+    }
+
+
+def _publish_rules(*rules: dict[str, Any]) -> Any:
+    """A model's json_schema_extra: the undeclared unsupported fields, and the rules between fields."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        for name, prop in unsupported_properties().items():
+            schema["properties"].setdefault(name, prop)
+        if rules:
+            schema["allOf"] = list(rules)
+
+    return extra
 
 
 class StreamOptions(BaseModel):
@@ -65,41 +128,41 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: Annotated[StrictStr, Field(min_length=1, max_length=256)]
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_tokens: MaxTokens | None = None  # type: ignore[valid-type]
     temperature: Temperature | None = None  # type: ignore[valid-type]
-    top_p: _finite(gt=0.0, hi=1.0) | None = None  # type: ignore[valid-type]
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
-    min_p: Probability | None = None  # type: ignore[valid-type]
-    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
+    top_p: TopP | None = None  # type: ignore[valid-type]
+    top_k: TopK | None = None  # type: ignore[valid-type]
+    min_p: MinP | None = None  # type: ignore[valid-type]
+    n: Choices = 1  # type: ignore[valid-type]
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
+    stop_token_ids: StopTokenIds | None = None  # type: ignore[valid-type]
+    seed: Seed | None = None  # type: ignore[valid-type]
     presence_penalty: Penalty | None = None  # type: ignore[valid-type]
     frequency_penalty: Penalty | None = None  # type: ignore[valid-type]
-    repetition_penalty: _finite(gt=0.0, hi=10.0) | None = None  # type: ignore[valid-type]
-    logit_bias: Annotated[dict[str, _finite(-100.0, 100.0)], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None  # type: ignore[valid-type]
+    repetition_penalty: RepetitionPenalty | None = None  # type: ignore[valid-type]
+    logit_bias: LogitBias | None = None
     user: Annotated[StrictStr, Field(max_length=256)] | None = None
     ignore_eos: StrictBool = False
-    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    min_tokens: MinTokens = 0  # type: ignore[valid-type]
     skip_special_tokens: StrictBool = True
-    priority: Annotated[StrictInt, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    priority: Priority = 0  # type: ignore[valid-type]
     stream: StrictBool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = Field(None, description="Only when stream is true.")
 
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         where = invalid_unicode_path(data, "")
         if where is not None:
-            raise FieldError(where or "body", "strings must be valid Unicode (this one holds an unpaired surrogate)")
+            message = "strings and keys must be valid Unicode (this one holds an unpaired surrogate)"
+            raise FieldError(where or "body", message)
         return data
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key in value or {}:
-            if not key.isdigit() or len(key) > 9:
-                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+            logit_bias_token(key)
         return value
 
     @model_validator(mode="after")
@@ -116,6 +179,10 @@ class SamplingFields(BaseModel):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def logit_bias_tokens(self) -> dict[int, float]:
+        """logit_bias by token id (keys naming one token: the later one counts, as in vLLM)."""
+        return {logit_bias_token(key): bias for key, bias in (self.logit_bias or {}).items()}
 
     def engine_params(self, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
         """The protocol's `params` object (keys are the engine's SamplingParams fields)."""
@@ -134,7 +201,7 @@ class SamplingFields(BaseModel):
             if value is not None:
                 params[name] = value
         if self.logit_bias:
-            params["logit_bias"] = dict(self.logit_bias)
+            params["logit_bias"] = {str(token): bias for token, bias in self.logit_bias_tokens().items()}
         if self.stop:
             params["stop"] = self.stop_list()
         if self.stop_token_ids:
@@ -150,6 +217,10 @@ class SamplingFields(BaseModel):
         return params
 
 
+def _publish_tool_calls(schema: dict[str, Any]) -> None:
+    schema["properties"]["tool_calls"] = {"enum": [None, []], "description": "Not supported: only null or []."}
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
@@ -157,7 +228,7 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=lambda schema: _publish_tool_calls(schema))
 
     role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
@@ -169,7 +240,7 @@ class ChatMessage(BaseModel):
         if isinstance(data, dict):
             if data.get("role") in ("tool", "function"):
                 raise FieldError("role", f"role '{data['role']}' is not supported (tools are not supported)")
-            if data.get("tool_calls"):
+            if "tool_calls" in data and not is_one_of(data["tool_calls"], (None, [])):
                 raise FieldError("tool_calls", "tool calls are not supported")
             content = data.get("content")
             if isinstance(content, list):
@@ -186,10 +257,16 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(
+        json_schema_extra=_publish_rules(
+            _requires("top_logprobs", "logprobs", True), _requires("stream_options", "stream", True)
+        )
+    )
+
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: MaxTokens | None = None  # type: ignore[valid-type]
     logprobs: StrictBool = False
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: TopLogprobs | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="before")
     @classmethod
@@ -218,20 +295,37 @@ class ChatCompletionRequest(SamplingFields):
 
 
 PromptText = Annotated[StrictStr, Field(min_length=1)]
-PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
+PromptTokens = token_ids(min_length=1)
+
+
+def _best_of_equals_n() -> dict[str, Any]:
+    """JSON Schema: best_of absent, null, or equal to n (n defaults to 1).
+
+    NOTE: one branch per n, not per best_of: schemathesis' canonicalizer gives up on the product of
+    the per-best_of form with the stream_options rule (34 branches), and takes this one."""
+    first = {"properties": {"n": {"const": 1}, "best_of": {"enum": [None, 1]}}}
+    rest = [
+        {"properties": {"n": {"const": k}, "best_of": {"enum": [None, k]}}, "required": ["n"]}
+        for k in range(2, MAX_N + 1)
+    ]
+    return {"anyOf": [first, *rest]}
 
 
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(
+        json_schema_extra=_publish_rules(_best_of_equals_n(), _requires("stream_options", "stream", True))
+    )
+
     prompt: (
         PromptText
-        | PromptTokens
+        | PromptTokens  # type: ignore[valid-type]
         | Annotated[list[PromptText], Field(min_length=1, max_length=1)]
-        | Annotated[list[PromptTokens], Field(min_length=1, max_length=1)]
+        | Annotated[list[PromptTokens], Field(min_length=1, max_length=1)]  # type: ignore[valid-type]
     )
-    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    echo: StrictBool = False
-    best_of: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
-    suffix: StrictStr | None = None
+    logprobs: Logprobs | None = None  # type: ignore[valid-type]
+    echo: Literal[False] | None = Field(False, description="Not supported: only false.")
+    best_of: BestOf | None = None  # type: ignore[valid-type]
+    suffix: Literal[""] | None = Field(None, description='Not supported: only "".')
 
     @model_validator(mode="before")
     @classmethod

@@ -8,6 +8,7 @@ request models do not declare.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from api.errors import FieldError
@@ -28,42 +29,80 @@ _UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
 }
 
 
+def is_one_of(value: Any, allowed: tuple[Any, ...]) -> bool:
+    # NOTE: by JSON type and value, as the published schema's "enum" compares (in Python 0 == False).
+    return any(type(value) is type(choice) and value == choice for choice in allowed)
+
+
 def reject_unsupported(data: Any, extra: dict[str, tuple[Any, ...]]) -> Any:
     """Raise FieldError naming the first field of an unsupported feature that is in use."""
     if not isinstance(data, dict):
         return data
     for name, allowed in {**_UNSUPPORTED_COMMON, **extra}.items():
-        if name in data and data[name] not in allowed:
+        if name in data and not is_one_of(data[name], allowed):
             raise FieldError(name, f"'{name}' is not supported by this server")
     fmt = data.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+    if fmt is not None and not (isinstance(fmt, dict) and is_one_of(fmt.get("type"), ("text",))):
         raise FieldError("response_format", 'only {"type": "text"} is supported')
     modalities = data.get("modalities")
-    if modalities is not None and modalities != ["text"]:
+    if modalities is not None and not is_one_of(modalities, (["text"],)):
         raise FieldError("modalities", 'only ["text"] is supported')
     return data
+
+
+def unsupported_properties() -> dict[str, dict[str, Any]]:
+    """The published schema of the fields above: each admits only its "not used" values."""
+    properties: dict[str, dict[str, Any]] = {
+        name: {"enum": list(allowed), "description": f"Not supported by this server: only {json.dumps(list(allowed))}."}
+        for name, allowed in _UNSUPPORTED_COMMON.items()
+    }
+    properties["response_format"] = {
+        "anyOf": [
+            {"type": "null"},
+            {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]},
+        ],
+        "description": 'Only {"type": "text"} is supported.',
+    }
+    properties["modalities"] = {"anyOf": [{"type": "null"}, {"const": ["text"]}], "description": 'Only ["text"].'}
+    return properties
 
 
 # JSON values that hold no string.
 _SCALARS = frozenset({int, float, bool, type(None)})
 
 
+def _is_valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_name(text: str) -> str:
+    """`text` with its unpaired surrogates written as \\udXXX escapes (a reply must be valid UTF-8)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def invalid_unicode_path(value: Any, path: str) -> str | None:
-    """Where a string holds an unpaired surrogate (JSON allows "\\ud800"; UTF-8 cannot encode it)."""
+    """Where a string holds an unpaired surrogate (JSON allows "\\ud800"; UTF-8 cannot encode it).
+
+    The path names the field ("messages[0].content"), the object key itself when the key is the
+    broken string (its surrogates escaped), and "" for the top-level value itself.
+    """
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-    elif isinstance(value, dict):
+        return None if _is_valid_unicode(value) else path
+    if isinstance(value, dict):
         for key, item in value.items():
-            found = invalid_unicode_path(key, path) or invalid_unicode_path(item, f"{path}.{key}" if path else str(key))
-            if found:
+            key_path = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and not _is_valid_unicode(key):
+                return f"{path}.{printable_name(key)}" if path else printable_name(key)
+            if (found := invalid_unicode_path(item, key_path)) is not None:
                 return found
     elif isinstance(value, list):
         if set(map(type, value)) <= _SCALARS:  # token ids: no string inside (checked in C, not per item)
             return None
         for i, item in enumerate(value):
-            if found := invalid_unicode_path(item, f"{path}[{i}]"):
+            if (found := invalid_unicode_path(item, f"{path}[{i}]")) is not None:
                 return found
     return None

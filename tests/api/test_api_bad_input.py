@@ -79,7 +79,40 @@ CASES = [
     ("missing-model", COMP_URL, {"prompt": "Hi"}, 400, "model", "required"),
     ("unknown-model", CHAT_URL, chat(model="gpt-17"), 404, "model", "gpt-17"),
     ("body-is-a-list", CHAT_URL, [1, 2], 400, None, "request body"),
+    # Every number has both bounds (2026-11-28: top_k 2**63 passed and crashed the engine's step).
+    ("top-k-2**63", CHAT_URL, chat(top_k=2**63), 400, "top_k", "less than or equal to 2147483647"),
+    ("top-k-2**31", COMP_URL, comp(top_k=2**31), 400, "top_k", "2147483647"),
+    ("top-k-below-minus-one", COMP_URL, comp(top_k=-2), 400, "top_k", "greater than or equal to -1"),
+    ("repetition-penalty-below-0.01", CHAT_URL, chat(repetition_penalty=0.001), 400, "repetition_penalty",
+     "greater than or equal to 0.01"),
+    ("repetition-penalty-over-10", CHAT_URL, chat(repetition_penalty=10.5), 400, "repetition_penalty",
+     "less than or equal to 10"),
+    ("stop-token-id-2**31", CHAT_URL, chat(stop_token_ids=[2**31]), 400, "stop_token_ids[0]", "2147483647"),
+    ("stop-token-id-outside-vocab", CHAT_URL, chat(stop_token_ids=[1, 256]), 400, "stop_token_ids", "[0, 256)"),
+    ("prompt-token-id-2**63", COMP_URL, comp(prompt=[1, 2**63]), 400, "prompt[1]", "2147483647"),
+    ("seed-2**63", COMP_URL, comp(seed=2**63), 400, "seed", "9223372036854775808"),
+    ("priority-over", CHAT_URL, chat(priority=2**31), 400, "priority", "2147483647"),
+    ("priority-under", CHAT_URL, chat(priority=-(2**31)), 400, "priority", "-2147483647"),
+    ("min-tokens-negative", COMP_URL, comp(min_tokens=-1), 400, "min_tokens", "greater than or equal to 0"),
+    ("top-logprobs-negative", CHAT_URL, chat(logprobs=True, top_logprobs=-1), 400, "top_logprobs", "0"),
+    ("n-zero", CHAT_URL, chat(n=0), 400, "n", "greater than or equal to 1"),
+    ("n-fraction", CHAT_URL, chat(n=1.5), 400, "n", "integer"),
+    ("max-tokens-fraction", COMP_URL, comp(max_tokens=2.5), 400, "max_tokens", "integer"),
+    ("min-p-over-one", CHAT_URL, chat(min_p=1.0000000000000002), 400, "min_p", "less than or equal to 1"),
+    ("presence-penalty-under", CHAT_URL, chat(presence_penalty=-2.0000000000000004), 400, "presence_penalty",
+     "greater than or equal to -2"),
+    ("temperature-huge-integer", CHAT_URL, chat(temperature=10**400), 400, "temperature", "less than or equal to 2"),
+    ("logit-bias-value-huge-integer", CHAT_URL, chat(logit_bias={"5": -(10**400)}), 400, "logit_bias.5", "-100"),
+    ("logit-bias-301-entries", CHAT_URL, chat(logit_bias={str(i): 1 for i in range(301)}), 400, "logit_bias",
+     "300"),
+    ("tool-calls-zero", CHAT_URL, chat(messages=[{"role": "user", "content": "x", "tool_calls": 0}]), 400,
+     "messages[0].tool_calls", "not supported"),
+    ("best-of-equal-n-but-not-one", COMP_URL, comp(n=2, best_of=3), 400, "best_of", "must equal n"),
 ]  # fmt: skip
+
+# logit_bias keys: ASCII decimal token ids only (2026-11-28: "²" and "①" answered 500, "٣" and "１" were taken
+# as token ids 3 and 1).
+NOT_TOKEN_IDS = ["²", "①", "٣", "１", "+5", "-1", " 5", "5 ", "1_0", "", "5\n", "0x10", "1e3", "5.0", "a" * 100]
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +159,57 @@ def test_bad_body_is_refused_and_nothing_is_enqueued(api, rclient, prefix, url, 
     assert says in error["message"]
     if status == 404:
         assert error["code"] == "model_not_found"
+    assert stream_len(rclient, prefix) == 0
+
+
+@pytest.mark.parametrize("key", NOT_TOKEN_IDS, ids=[ascii(k)[:20] for k in NOT_TOKEN_IDS])
+def test_logit_bias_key_that_is_not_an_ascii_token_id_is_400_naming_the_key(api, rclient, prefix, key):
+    with api.client() as client:
+        response = client.post(CHAT_URL, json=chat(logit_bias={"7": 1, key: 2}))
+    error = assert_envelope(response, 400)
+    assert error["param"] == "logit_bias"
+    assert f"key {key[:40]!r}" in error["message"] and "ASCII digits" in error["message"], error
+    assert stream_len(rclient, prefix) == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "param", "says"),
+    [({"Idempotency-Key": "k" * 300}, "Idempotency-Key", "Idempotency-Key header: String should have at most 256"),
+     ({"Idempotency-Key": ""}, "Idempotency-Key", "Idempotency-Key header: String should have at least 1")],
+    ids=["idempotency-key-300-chars", "idempotency-key-empty"],
+)  # fmt: skip
+def test_bad_header_is_400_naming_the_header(api, rclient, prefix, headers, param, says):
+    with api.client() as client:
+        response = client.post(CHAT_URL, json=chat(), headers=headers)
+    error = assert_envelope(response, 400)
+    assert error["param"] == param and says in error["message"], error
+    assert stream_len(rclient, prefix) == 0
+
+
+@pytest.mark.parametrize(
+    "value", ["1" * 40, "12x", "-3", "+3", "٣"], ids=["40-digits", "letters", "negative", "plus", "arabic-digit"]
+)
+def test_bad_last_event_id_is_400_naming_the_header(api, value):
+    with api.client() as client:
+        response = client.get("/v1/requests/cmpl-1/stream", headers={"Last-Event-ID": value.encode()})
+    error = assert_envelope(response, 400)
+    assert error["param"] == "Last-Event-ID" and error["message"].startswith("Last-Event-ID header: "), error
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [(b'{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "\\ud800x": 1}' % MODEL.encode(),
+      "\\ud800x"),
+     (b'{"model": "%s", "prompt": "Hi", "extra": {"\\udc00": 1}}' % MODEL.encode(), "extra.\\udc00"),
+     (b'{"model": "%s", "prompt": "Hi", "\\ud800": "x"}' % MODEL.encode(), "\\ud800")],
+    ids=["top-level-key", "nested-key", "key-alone"],
+)  # fmt: skip
+def test_lone_surrogate_in_an_unknown_key_is_400_naming_the_key(api, rclient, prefix, raw, param):
+    url = CHAT_URL if b"messages" in raw else COMP_URL
+    with api.client() as client:
+        response = client.post(url, content=raw, headers={"Content-Type": "application/json"})
+    error = assert_envelope(response, 400)
+    assert error["param"] == param and "unpaired surrogate" in error["message"], error
     assert stream_len(rclient, prefix) == 0
 
 

@@ -2,9 +2,12 @@
 
 Positive cases (valid per the schema) and negative ones (invalid per the schema) go over real
 HTTP to a real API server and Redis; a stand-in that answers every enqueued request as a worker
-would keeps valid requests short. Two properties must hold for every case:
+would keeps valid requests short. Three properties must hold for every case:
     not_a_server_error       no 5xx, whatever the input;
-    negative_data_rejection  input that breaks the schema is refused (4xx), never accepted.
+    negative_data_rejection  input that breaks the schema is refused (4xx), never accepted;
+    schema_valid_input_is_not_refused
+                             input the schema admits is not answered 400, except for the limits the
+                             document lists as beyond it (the served model's, by their error codes).
 Bounded: a fixed number of examples per operation (well under a minute on 2 cores).
 """
 
@@ -19,6 +22,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
+from api.limits import MODEL_LIMIT_CODES
 from api.main import create_app
 from api.settings import ApiSettings
 from tests.api.servers import API_KEY, ThreadApi
@@ -32,6 +36,18 @@ schema = schemathesis.openapi.from_dict(create_app(ApiSettings()).openapi())
 schema.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=EXAMPLES_PER_OPERATION, deterministic=True
 )
+
+
+@schemathesis.check
+def schema_valid_input_is_not_refused(ctx, response, case):
+    """The published schema and the validation agree: a positive case answered 400 names a limit the
+    document says it cannot state (api/limits.py MODEL_LIMIT_CODES), or the test fails."""
+    if not case.meta.generation.mode.is_positive or response.status_code != 400:
+        return None
+    error = response.json().get("error", {})
+    if error.get("code") in MODEL_LIMIT_CODES:
+        return None
+    raise AssertionError(f"a request the published schema admits was refused: {error}")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +80,7 @@ def test_no_server_error_and_no_invalid_input_accepted(case, fuzz_target):
     response = case.call_and_validate(
         base_url=fuzz_target.url,
         headers={"Authorization": f"Bearer {API_KEY}"},
-        checks=[not_a_server_error, negative_data_rejection],
+        checks=[not_a_server_error, negative_data_rejection, schema_valid_input_is_not_refused],
         timeout=15,
     )
     STATUSES[response.status_code] = STATUSES.get(response.status_code, 0) + 1
