@@ -17,27 +17,29 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, Strict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 
-# NOTE: the engine (engine/sampling_params.py) and the Redis protocol check the same numbers;
-# the API may not import the engine, and repeats them to answer 400 before anything is enqueued.
-MAX_N = 16
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_SEQUENCE_CHARS = 256
-MAX_LOGPROBS = 20
-MAX_LOGIT_BIAS_ENTRIES = 300
-MAX_LOGIT_BIAS = 100.0
-MAX_SEED = 2**63 - 1
+from worker.protocol import sampling_limits as _limits
+
+# NOTE: the numbers come from the Redis contract's table (worker/protocol/sampling_limits.py), which
+# the protocol checks on decode and the engine repeats (engine/sampling_params.py); the API checks them
+# again to answer 400 before anything is enqueued.
+MAX_N = _limits.SAMPLING_LIMITS["n"][1]
+MAX_STOP_SEQUENCES = _limits.MAX_STOP_SEQUENCES
+MAX_STOP_SEQUENCE_CHARS = _limits.MAX_STOP_SEQUENCE_CHARS
+MAX_LOGPROBS = _limits.SAMPLING_LIMITS["logprobs"][1]
+MAX_LOGIT_BIAS_ENTRIES = _limits.MAX_LOGIT_BIAS_ENTRIES
+MAX_LOGIT_BIAS = _limits.LOGIT_BIAS_LIMITS[1]
+MAX_SEED = _limits.SEED_MAX
 # NOTE: published as seed's exclusive maximum: a float bound, as OpenAPI documents hold them, is exact
 # for 2**63 and not for 2**63 - 1 (which rounds up to 2**63, a seed the API refuses).
-SEED_BOUND = 2**63
+SEED_BOUND = MAX_SEED + 1
 MAX_MESSAGES = 1024
-MAX_STOP_TOKEN_IDS = 64
-MAX_PRIORITY = 2**31 - 1
-MAX_TOKEN_ID = 2**31 - 1
-MAX_TOP_K = 2**31 - 1
-MAX_TEMPERATURE = 2.0
-MAX_PENALTY = 2.0
-MIN_REPETITION_PENALTY = 0.01
-MAX_REPETITION_PENALTY = 10.0
+MAX_STOP_TOKEN_IDS = _limits.MAX_STOP_TOKEN_IDS
+MAX_PRIORITY = _limits.PRIORITY_LIMITS[1]
+MAX_TOKEN_ID = _limits.TOKEN_ID_LIMITS[1]
+MAX_TOP_K = _limits.SAMPLING_LIMITS["top_k"][1]
+MAX_TEMPERATURE = _limits.SAMPLING_LIMITS["temperature"][1]
+MAX_PENALTY = _limits.SAMPLING_LIMITS["presence_penalty"][1]
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = _limits.SAMPLING_LIMITS["repetition_penalty"]
 # The engine samples greedily below this temperature (vLLM's rule: dividing logits by a
 # subnormal temperature overflows them).
 GREEDY_BELOW_TEMPERATURE = 1e-5
