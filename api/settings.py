@@ -47,6 +47,17 @@ class ApiSettings(BaseSettings):
     # httptools sets none) stays above it so that our 431 answers in OpenAI's error format.
     max_header_bytes: int = Field(8 * 1024, ge=1024, le=60 * 1024)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # A connection must deliver a request's headers this long after it opens (or after the first byte of
+    # its next request); past it the server answers 408 and closes (api/http_server.py: uvicorn has no such
+    # timeout of its own, so a client that never finishes its headers would hold the connection forever).
+    header_timeout_s: float = Field(10.0, gt=0)
+    # A request's whole body must arrive this long after its headers; past it 408 and the connection is
+    # closed (api/middleware.py). 30 s carries the largest body (max_body_bytes) at ~35 KB/s.
+    body_timeout_s: float = Field(30.0, gt=0)
+    # Open connections of one client address to one replica; the next one is answered 429 once its
+    # headers arrive, then closed (api/http_server.py). The address is the TCP peer's: behind a proxy
+    # or load balancer it is the proxy's, so raise this (or 0: no cap) there.
+    max_connections_per_client: int = Field(1024, ge=0)
 
     # Auth: empty means auth is off. Comma-separated in the environment.
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
@@ -89,3 +100,4 @@ class ApiSettings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
