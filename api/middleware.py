@@ -68,7 +68,10 @@ class SizeLimitMiddleware:
 
 
 class BodyReadMiddleware:
-    """Reads a request's body whole, within `body_timeout_s` and `max_body_bytes`, then runs the app with it."""
+    """Reads a request's body whole, within `body_timeout_s` and `max_body_bytes`, then runs the app with it.
+
+    NOTE: inside the admission gate's headers step, so that a full queue's refusal never waits for a body
+    (api/admission_gate.py)."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float) -> None:
         self.app = app

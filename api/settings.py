@@ -7,6 +7,7 @@ variables, e.g. `INFERQ_REDIS_URL=redis://redis:6379/0`.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -65,6 +66,10 @@ class ApiSettings(BaseSettings):
     # Admission control: requests admitted but not yet started by a worker.
     max_queued_requests: int = Field(256, ge=0)
     max_queued_prompt_tokens: int = Field(1_000_000, ge=0)
+    # One API key may hold at most this fraction of max_queued_requests (at least one request), so that one
+    # tenant's burst leaves room for the others; past it 429. Checked in the same atomic script as the cap,
+    # so replicas agree. Without auth, or with a single key, every request is the same caller: only the cap applies.
+    max_queued_per_key_fraction: float = Field(0.5, gt=0, le=1)
     # Seconds a 503 tells the client to wait.
     overload_retry_after_s: int = Field(1, ge=1)
     # A request that has not started after this many seconds is dropped by the worker with an error.
@@ -101,3 +106,7 @@ class ApiSettings(BaseSettings):
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
 
+    @property
+    def max_queued_per_key(self) -> int:
+        """Requests one API key may have queued: its fraction of the cap, at least one."""
+        return max(1, math.floor(self.max_queued_per_key_fraction * self.max_queued_requests))
