@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
+from api.http_server import server_config
 from api.main import create_app
 from api.settings import ApiSettings
 
@@ -13,18 +15,10 @@ from api.settings import ApiSettings
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ApiSettings()
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        loop=settings.event_loop,
-        http=settings.http_parser,
-        # Above our own header limit, so that our 431 (OpenAI's envelope) answers first.
-        h11_max_incomplete_event_size=64 * 1024,
-        proxy_headers=True,
-        log_level="info",
-        timeout_graceful_shutdown=10,
-    )
+    server = uvicorn.Server(server_config(create_app(settings), settings))
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as `uvicorn.run` does: the app or the socket failed at start
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
-"""Admission control: a bounded queue (503) and per-key rate limits (429), both in Redis.
+"""Admission control: a bounded queue (503), each API key's share of it and per-key rate limits (429), in Redis.
 
-Both are single Lua scripts, so the check and the update are one atomic step even
+They are single Lua scripts, so the check and the update are one atomic step even
 with many API replicas answering at once.
 
 The queue is what the API admitted and no worker has started yet: a sorted set of
-request ids (score: admission time) plus a hash of their prompt tokens. A request
-leaves it when its first event arrives (it started), when its stream ends, or when
-it is older than the queue timeout (its replica died: the worker drops it at its
-deadline anyway). Requests other services put straight into Redis are not counted.
-A request without an Idempotency-Key is admitted by a second script that, in the same
-step, also saves its meta and XADDs it to the request stream (api/submit.py says why).
+request ids (score: admission time) plus two hashes, of their prompt tokens and of
+their callers. A request leaves it when its first event arrives (it started), when
+its stream ends, or when it is older than the queue timeout (its replica died: the
+worker drops it at its deadline anyway). Requests other services put straight into
+Redis are not counted. One API key may hold at most its share of the queue
+(INFERQ_MAX_QUEUED_PER_KEY_FRACTION), so that one tenant's burst leaves room for the
+others. A request without an Idempotency-Key is admitted by a second script that, in
+the same step, also saves its meta and XADDs it to the request stream (api/submit.py
+says why).
 
 Rate limits are fixed one-minute windows per caller (requests, and tokens counted
 as prompt + max_tokens, a reservation the way OpenAI counts them).
@@ -24,16 +27,22 @@ from collections.abc import Mapping
 from redis.asyncio import Redis
 
 from api.errors import RATE_LIMIT, SERVER_ERROR, ApiError
+from api.intake import admission_answered
 from api.keys import ApiKeys
 from api.settings import ApiSettings
 
-# The queue part both admission scripts share: drop stale entries, refuse when full, else queue the request.
-# KEYS: queue zset, tokens hash. ARGV: now, stale_before, max_requests, max_tokens, id, tokens.
-# Refuses with {0, "requests"|"tokens", current}; when it falls through, `count` is the queue before this one.
+# The queue part both admission scripts share: drop stale entries, refuse when full or when the caller holds its
+# share, else queue the request.
+# KEYS: queue zset, tokens hash, owners hash. ARGV: now, stale_before, max_requests, max_tokens, id, tokens, owner,
+# max_per_owner (0: no share). Refuses with {0, "requests"|"tokens"|"owner", current}; when it falls through,
+# `count` is the queue before this one.
+# NOTE: an owner entry whose id left the queue without it (released by a replica that predates owners) is dropped
+# when the owners outnumber the queue, so that it never counts against its caller.
 _QUEUE_ADMIT = """
 local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
 if #stale > 0 then
   redis.call('HDEL', KEYS[2], unpack(stale))
+  redis.call('HDEL', KEYS[3], unpack(stale))
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
 end
 local count = redis.call('ZCARD', KEYS[1])
@@ -44,8 +53,23 @@ if count > 0 then
   for _, v in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(v) end
   if total + tokens > tonumber(ARGV[4]) then return {0, 'tokens', total} end
 end
+local owner, max_per_owner = ARGV[7], tonumber(ARGV[8])
+if max_per_owner > 0 and count > 0 then
+  if redis.call('HLEN', KEYS[3]) > count then
+    local entries = redis.call('HGETALL', KEYS[3])
+    for i = 1, #entries, 2 do
+      if not redis.call('ZSCORE', KEYS[1], entries[i]) then redis.call('HDEL', KEYS[3], entries[i]) end
+    end
+  end
+  local mine = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[3])) do
+    if v == owner then mine = mine + 1 end
+  end
+  if mine + 1 > max_per_owner then return {0, 'owner', mine} end
+end
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[5], tokens)
+redis.call('HSET', KEYS[3], ARGV[5], owner)
 """
 
 # Returns {1, count} when admitted.
@@ -67,11 +91,11 @@ local function field_pairs(at)
   for i = 1, n do items[i] = ARGV[at + i] end
   return items, at + n + 1
 end
-local meta, message_at = field_pairs(8)
+local meta, message_at = field_pairs(10)
 local message = field_pairs(message_at)
-redis.call('HSET', KEYS[3], unpack(meta))
-redis.call('EXPIRE', KEYS[3], ARGV[7])
-local entry_id = redis.call('XADD', KEYS[4], '*', unpack(message))
+redis.call('HSET', KEYS[4], unpack(meta))
+redis.call('EXPIRE', KEYS[4], ARGV[9])
+local entry_id = redis.call('XADD', KEYS[5], '*', unpack(message))
 return {1, count + 1, entry_id}
 """
 )
@@ -92,10 +116,13 @@ return {1}
 """
 
 RATE_WINDOW_S = 60
+# Entries older than the queue timeout plus this are stale (the worker has dropped them at their deadline).
+STALE_SLACK_S = 5.0
 
 
 class Overloaded(ApiError):
-    """The queue is full (503): the admission script refused the request and wrote nothing."""
+    """The admission script refused the request and wrote nothing: the queue is full (503) or the caller holds
+    its share of it (429)."""
 
 
 def _counted_pairs(fields: Mapping[str, str]) -> list[str | int]:
@@ -150,11 +177,16 @@ class Admission:
             headers={"Retry-After": str(retry_after)},
         )
 
-    async def admit(self, request_id: str, prompt_tokens: int) -> None:
-        """Put the request in the bounded queue, or raise Overloaded (503 with Retry-After) when it is full."""
-        result = await self._admit(
-            keys=[self.keys.queue, self.keys.queue_tokens], args=self._queue_args(request_id, prompt_tokens)
-        )
+    async def admit(self, request_id: str, prompt_tokens: int, owner: str) -> None:
+        """Put `owner`'s request in the bounded queue, or raise Overloaded (with Retry-After) when it is full (503)
+        or `owner` holds its share of it (429)."""
+        try:
+            result = await self._admit(
+                keys=[self.keys.queue, self.keys.queue_tokens, self.keys.queue_owners],
+                args=self._queue_args(request_id, prompt_tokens, owner),
+            )
+        finally:
+            admission_answered()
         if int(result[0]) != 1:
             raise self._refusal(result)
 
@@ -162,6 +194,7 @@ class Admission:
         self,
         request_id: str,
         prompt_tokens: int,
+        owner: str,
         meta_key: str,
         meta_fields: Mapping[str, str],
         ttl_s: int,
@@ -170,34 +203,59 @@ class Admission:
     ) -> str:
         """`admit`, and only if admitted, in the same atomic script: HSET `meta_key` (expiring after
         `ttl_s`) and XADD `message_fields` to `stream`. Returns the stream entry id; raises Overloaded
-        (nothing written) when the queue is full."""
-        result = await self._admit_and_enqueue(
-            keys=[self.keys.queue, self.keys.queue_tokens, meta_key, stream],
-            args=[
-                *self._queue_args(request_id, prompt_tokens),
-                ttl_s,
-                *_counted_pairs(meta_fields),
-                *_counted_pairs(message_fields),
-            ],
-        )
+        (nothing written) when refused."""
+        try:
+            result = await self._admit_and_enqueue(
+                keys=[self.keys.queue, self.keys.queue_tokens, self.keys.queue_owners, meta_key, stream],
+                args=[
+                    *self._queue_args(request_id, prompt_tokens, owner),
+                    ttl_s,
+                    *_counted_pairs(meta_fields),
+                    *_counted_pairs(message_fields),
+                ],
+            )
+        finally:
+            admission_answered()
         if int(result[0]) != 1:
             raise self._refusal(result)
         return result[2]
 
-    def _queue_args(self, request_id: str, prompt_tokens: int) -> list[str | int | float]:
+    def _stale_before(self, now: float) -> float:
+        """Entries admitted before this no longer count (their replica died; the worker drops them anyway)."""
+        return now - self.settings.queue_timeout_s - STALE_SLACK_S
+
+    def _queue_args(self, request_id: str, prompt_tokens: int, owner: str) -> list[str | int | float]:
         """_QUEUE_ADMIT's ARGV."""
         s = self.settings
         now = time.time()
-        stale_before = now - s.queue_timeout_s - 5.0
-        return [now, stale_before, s.max_queued_requests, s.max_queued_prompt_tokens, request_id, prompt_tokens]
+        # Without auth, or with one key, every request is the same caller: only the cap applies.
+        max_per_owner = s.max_queued_per_key if len(s.api_keys) > 1 else 0
+        return [now, self._stale_before(now), s.max_queued_requests, s.max_queued_prompt_tokens, request_id,
+                prompt_tokens, owner, max_per_owner]  # fmt: skip
 
     def _refusal(self, result: list) -> Overloaded:
         s = self.settings
         kind, current = result[1], int(result[2])
         if kind == "requests":
-            detail = f"{current} requests are queued (limit {s.max_queued_requests})"
-        else:
-            detail = f"{current} prompt tokens are queued (limit {s.max_queued_prompt_tokens})"
+            return self.overloaded(current)
+        if kind == "owner":
+            return Overloaded(
+                429,
+                f"this API key has {current} requests queued, its share of the queue ({s.max_queued_per_key} of "
+                f"{s.max_queued_requests}, INFERQ_MAX_QUEUED_PER_KEY_FRACTION); retry after "
+                f"{s.overload_retry_after_s} s",
+                type=RATE_LIMIT,
+                code="queue_share_exceeded",
+                headers={"Retry-After": str(s.overload_retry_after_s)},
+            )
+        return self._server_overloaded(f"{current} prompt tokens are queued (limit {s.max_queued_prompt_tokens})")
+
+    def overloaded(self, queued: int) -> Overloaded:
+        """The 503 of a full queue holding `queued` requests."""
+        return self._server_overloaded(f"{queued} requests are queued (limit {self.settings.max_queued_requests})")
+
+    def _server_overloaded(self, detail: str) -> Overloaded:
+        s = self.settings
         return Overloaded(
             503,
             f"the server is overloaded: {detail}; retry after {s.overload_retry_after_s} s",
@@ -211,7 +269,13 @@ class Admission:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zrem(self.keys.queue, request_id)
             pipe.hdel(self.keys.queue_tokens, request_id)
+            pipe.hdel(self.keys.queue_owners, request_id)
             await pipe.execute()
+
+    async def live_queued(self) -> int:
+        """Requests queued and not stale: one cheap read (ZCOUNT), for a refusal before a request is parsed
+        (api/admission_gate.py); the admission script stays the exact check."""
+        return await self.redis.zcount(self.keys.queue, f"({self._stale_before(time.time())}", "+inf")
 
     async def queued(self) -> tuple[int, int]:
         """(requests, prompt tokens) admitted and not yet started, across replicas."""

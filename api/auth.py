@@ -1,4 +1,5 @@
-"""Bearer API keys: who is calling, checked on every route but /health.
+"""Bearer API keys: who is calling, checked on every route but /health, /ready and the chat page
+(docs/decisions/NNNN-open-and-guarded-routes.md says why those).
 
 Keys are compared in constant time against every configured key (no early exit,
 so the time taken says nothing about which key or how much of it matched). The
@@ -15,8 +16,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from api.errors import ApiError
+from api.settings import ApiSettings
 
 ANONYMOUS = "anonymous"
 
@@ -61,5 +64,25 @@ async def require_caller(
     return Caller(owner=key_owner(credentials.credentials))
 
 
+def caller_from_header(authorization: str | None, settings: ApiSettings) -> Caller | None:
+    """The caller an Authorization header names, None when auth is on and it names none (parsed as the routes'
+    HTTPBearer parses it), for checks that run before any route: the admission gate."""
+    if not settings.auth_enabled:
+        return Caller(owner=ANONYMOUS)
+    scheme, key = get_authorization_scheme_param(authorization)
+    if scheme.lower() != "bearer" or not key or not check_key(key, settings.api_keys):
+        return None
+    return Caller(owner=key_owner(key))
+
+
+async def optional_caller(request: Request) -> Caller | None:
+    """The caller, or None when auth is on and the request carries no valid key: for a route open to anyone
+    that tells a caller with a key more. NOTE: not through HTTPBearer, so that the OpenAPI document does not
+    list the route as needing a key."""
+    return caller_from_header(request.headers.get("authorization"), request.app.state.settings)
+
+
 # What a route declares to require an API key: `caller: AuthorizedCaller`.
 AuthorizedCaller = Annotated[Caller, Depends(require_caller)]
+# What an open route declares to know whether the caller holds a key.
+OptionalCaller = Annotated[Caller | None, Depends(optional_caller)]

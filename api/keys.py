@@ -41,5 +41,10 @@ class ApiKeys:
         """Hash request id -> prompt tokens of the admitted, not yet started requests."""
         return f"{self.prefix}:api:queue:tokens"
 
+    @property
+    def queue_owners(self) -> str:
+        """Hash request id -> owner (the caller's key digest) of the admitted, not yet started requests."""
+        return f"{self.prefix}:api:queue:owners"
+
     def rate(self, owner: str, window: int, kind: str) -> str:
         return f"{self.prefix}:api:rate:{owner}:{window}:{kind}"

@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from api import routes_health, routes_openai, routes_requests, routes_ui
+from api import routes_docs, routes_health, routes_openai, routes_requests, routes_ui
+from api.admission_gate import BodyGateMiddleware, HeadersGateMiddleware
 from api.errors import install_error_handlers
 from api.metrics import ApiMetrics
-from api.middleware import ErrorCountMiddleware, SizeLimitMiddleware
+from api.middleware import BodyReadMiddleware, ErrorCountMiddleware, SizeLimitMiddleware
 from api.settings import ApiSettings
 from api.state import AppState
 
@@ -36,6 +37,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         summary="OpenAI-compatible LLM inference over Redis Streams",
         version="0.1.0",
         lifespan=lifespan,
+        # Served by api/routes_docs.py instead, behind the API key when auth is on.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -46,6 +51,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(routes_requests.router)
     app.include_router(routes_health.router)
     app.include_router(routes_ui.router)
+    app.include_router(routes_docs.router)
+    # Middlewares, innermost first. The admission gate's two steps sit around the body's read (a full queue needs
+    # none of the body; the body step sees this replica's intake); all three inside CORS, so that a browser
+    # can read a 408 or a 503 too.
+    app.add_middleware(BodyGateMiddleware)
+    app.add_middleware(
+        BodyReadMiddleware, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+    )
+    app.add_middleware(HeadersGateMiddleware)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -1,21 +1,40 @@
-"""Size limits on what a client sends, enforced before a route reads anything.
+"""Limits on what a client sends and how slowly, enforced before a route reads anything.
 
 - headers: the sum of all header names and values over `max_header_bytes` -> 431;
-- body: a Content-Length over `max_body_bytes` -> 413 at once; a body without one
+- body size: a Content-Length over `max_body_bytes` -> 413 at once; a body without one
   (chunked) is counted while it is read and refused the moment it passes the limit,
-  so a huge upload never sits in memory.
-Both answer in OpenAI's error envelope.
+  so a huge upload never sits in memory;
+- body time: the whole body must arrive within `body_timeout_s` of the request's headers
+  -> 408, and the connection is closed (a client that declares a body and sends less of it
+  would otherwise hold its connection, and the request, forever).
+The body is read here, whole, before the route runs, and handed on as one message. All
+answer in OpenAI's error envelope; those that leave a body half read close the connection.
+The headers' own deadline is the server's (api/http_server.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ApiError, BodyTooLarge, body_too_large, error_response
+from api.errors import ApiError, body_too_large, error_response
 from api.metrics import ApiMetrics
+
+# The rest of a refused body is never read: the connection cannot carry another request.
+CLOSE = {"Connection": "close"}
+
+
+def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
+            return True
+    return False
 
 
 class SizeLimitMiddleware:
+    """Header bytes (431) and a declared Content-Length (413), before anything else runs."""
+
     def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
@@ -45,19 +64,63 @@ class SizeLimitMiddleware:
                 if declared > self.max_body_bytes:
                     await error_response(body_too_large(self.max_body_bytes))(scope, receive, send)
                     return
+        await self.app(scope, receive, send)
+
+
+class BodyReadMiddleware:
+    """Reads a request's body whole, within `body_timeout_s` and `max_body_bytes`, then runs the app with it.
+
+    NOTE: inside the admission gate's headers step, so that a full queue's refusal never waits for a body
+    (api/admission_gate.py)."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _declares_body(scope.get("headers") or []):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
         received = 0
-        limit = self.max_body_bytes
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client left before its body was in: nobody to answer
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > self.max_body_bytes:
+                        err = body_too_large(self.max_body_bytes)
+                        err.headers.update(CLOSE)
+                        await error_response(err)(scope, receive, send)
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            err = ApiError(
+                408,
+                f"the request body did not arrive within {self.body_timeout_s:g} s of its headers "
+                f"({received} bytes came; INFERQ_BODY_TIMEOUT_S)",
+                code="request_timeout",
+                headers=dict(CLOSE),
+            )
+            await error_response(err)(scope, receive, send)
+            return
+        body = b"".join(chunks)
+        delivered = False
 
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge(limit)
-            return message
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client's disconnect
 
-        await self.app(scope, limited_receive, send)
+        await self.app(scope, replay, send)
 
 
 class ErrorCountMiddleware:

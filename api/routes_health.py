@@ -1,4 +1,10 @@
-"""Operations routes: GET /health (process up, no auth), GET /ready, GET /metrics."""
+"""Operations routes: GET /health (process up) and GET /ready (Redis and a live worker), open to probes
+without a key; GET /metrics (an API key, as on every other route: Prometheus scrapes with one).
+
+/ready never answers 401: a load balancer's or orchestrator's readiness probe holds no key. Without
+one it does not show the Redis error's text (it may name internal hosts); with one, or with auth
+off, it does.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
-from api.auth import AuthorizedCaller
+from api.auth import AuthorizedCaller, OptionalCaller
 from api.responses import error_responses
 from api.state import app_state
 
@@ -24,16 +30,16 @@ async def health() -> dict[str, str]:
     responses={
         200: {"description": "Redis answers and a worker is alive"},
         503: {"description": "Not ready: Redis unreachable or no live worker"},
-    }
-    | error_responses(401),
+    },
 )
-async def ready(request: Request, _: AuthorizedCaller) -> JSONResponse:
+async def ready(request: Request, caller: OptionalCaller) -> JSONResponse:
     state = app_state(request)
     try:
         await state.redis.ping()
         workers = await state.models.live_workers()
     except RedisError as exc:
-        return JSONResponse({"status": "not ready", "redis": f"unreachable: {exc}", "workers": 0}, status_code=503)
+        redis = f"unreachable: {exc}" if caller is not None else "unreachable"
+        return JSONResponse({"status": "not ready", "redis": redis, "workers": 0}, status_code=503)
     if not workers:
         return JSONResponse({"status": "not ready", "redis": "ok", "workers": 0}, status_code=503)
     return JSONResponse({"status": "ready", "redis": "ok", "workers": len(workers)})

@@ -7,6 +7,7 @@ variables, e.g. `INFERQ_REDIS_URL=redis://redis:6379/0`.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -47,6 +48,17 @@ class ApiSettings(BaseSettings):
     # httptools sets none) stays above it so that our 431 answers in OpenAI's error format.
     max_header_bytes: int = Field(8 * 1024, ge=1024, le=60 * 1024)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # A connection must deliver a request's headers this long after it opens (or after the first byte of
+    # its next request); past it the server answers 408 and closes (api/http_server.py: uvicorn has no such
+    # timeout of its own, so a client that never finishes its headers would hold the connection forever).
+    header_timeout_s: float = Field(10.0, gt=0)
+    # A request's whole body must arrive this long after its headers; past it 408 and the connection is
+    # closed (api/middleware.py). 30 s carries the largest body (max_body_bytes) at ~35 KB/s.
+    body_timeout_s: float = Field(30.0, gt=0)
+    # Open connections of one client address to one replica; the next one is answered 429 once its
+    # headers arrive, then closed (api/http_server.py). The address is the TCP peer's: behind a proxy
+    # or load balancer it is the proxy's, so raise this (or 0: no cap) there.
+    max_connections_per_client: int = Field(1024, ge=0)
 
     # Auth: empty means auth is off. Comma-separated in the environment.
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
@@ -54,6 +66,10 @@ class ApiSettings(BaseSettings):
     # Admission control: requests admitted but not yet started by a worker.
     max_queued_requests: int = Field(256, ge=0)
     max_queued_prompt_tokens: int = Field(1_000_000, ge=0)
+    # One API key may hold at most this fraction of max_queued_requests (at least one request), so that one
+    # tenant's burst leaves room for the others; past it 429. Checked in the same atomic script as the cap,
+    # so replicas agree. Without auth, or with a single key, every request is the same caller: only the cap applies.
+    max_queued_per_key_fraction: float = Field(0.5, gt=0, le=1)
     # Seconds a 503 tells the client to wait.
     overload_retry_after_s: int = Field(1, ge=1)
     # A request that has not started after this many seconds is dropped by the worker with an error.
@@ -89,3 +105,8 @@ class ApiSettings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def max_queued_per_key(self) -> int:
+        """Requests one API key may have queued: its fraction of the cap, at least one."""
+        return max(1, math.floor(self.max_queued_per_key_fraction * self.max_queued_requests))

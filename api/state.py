@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from api.admission import Admission
 from api.event_hub import EventHub
+from api.intake import Intake
 from api.keys import ApiKeys
 from api.metrics import ApiMetrics
 from api.model_info import ModelRegistry
@@ -36,6 +37,8 @@ class AppState:
     metrics: ApiMetrics
     hub: EventHub  # the process's one pub/sub connection, shared by every stream it relays
     submit_turns: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SUBMIT_TURNS))
+    # Requests on their way to the admission script, counted by the admission gate (api/intake.py).
+    intake: Intake = field(default_factory=Intake)
     # Tasks that outlive the request that started them (a cancel after the resume grace period).
     background: set[asyncio.Task] = field(default_factory=set)
 

@@ -1,11 +1,13 @@
 """Accepting a completion request: validate against the model, admit, and enqueue it.
 
-Order matters and every step before the enqueue can refuse without side effects:
+Order matters and every step before the enqueue can refuse without side effects (before any of
+them, a full queue's 503 is answered from the headers: api/admission_gate.py):
     model known (404) -> token ids in the vocabulary -> prompt length and max_tokens (400)
     -> Idempotency-Key seen before? attach to that request -> rate limit (429)
     -> without an Idempotency-Key: SUBSCRIBE to its events (sent, its confirmation awaited by the relay)
-       -> one script: queue cap (503), or save request meta + XADD to the request stream (api/admission.py)
-    -> with one: queue cap (503) -> bind the Idempotency-Key -> save request meta
+       -> one script: queue cap (503) and the key's share of it (429), or save request meta + XADD to the
+          request stream (api/admission.py)
+    -> with one: queue cap (503) and share (429) -> bind the Idempotency-Key -> save request meta
        -> SUBSCRIBE to its events -> XADD to the request stream.
 NOTE: the SUBSCRIBE goes out before the XADD, so Redis listens for the request's events long
 before a worker can have published one (it must read the message and run a step first); the
@@ -250,6 +252,7 @@ async def _enqueue_in_one_script(state: AppState, meta: RequestMeta, message: Re
         await state.admission.admit_and_enqueue(
             meta.request_id,
             meta.prompt_tokens,
+            meta.owner,
             state.keys.meta(meta.request_id),
             meta.to_fields(),
             state.settings.result_ttl_s,
@@ -278,7 +281,7 @@ async def _enqueue_with_key(
     attaches to the winner's request and writes nothing), and the bind's answer decides between them.
     """
     settings, redis, request_id = state.settings, state.redis, meta.request_id
-    await state.admission.admit(request_id, meta.prompt_tokens)
+    await state.admission.admit(request_id, meta.prompt_tokens, meta.owner)
     source: EventSource | None = None
     try:
         winner = await idempotency.bind(redis, claim, request_id, settings.result_ttl_s)

@@ -8,6 +8,7 @@ import time
 import httpx
 import uvicorn
 
+from api.http_server import server_config
 from api.main import create_app
 from api.settings import ApiSettings
 from tests.redis_server import free_port
@@ -21,16 +22,11 @@ class ThreadApi:
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
         self.port = free_port()
-        config = uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            loop=settings.event_loop,
-            http=settings.http_parser,
-            h11_max_incomplete_event_size=64 * 1024,
+        # The same server as `python -m api` (its connection guard included), on a free local port.
+        config = server_config(
+            create_app(settings), settings, host="127.0.0.1", port=self.port, log_level="warning",
             timeout_graceful_shutdown=1,
-        )
+        )  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"api-{self.port}", daemon=True)
 

@@ -288,8 +288,10 @@ def test_unknown_routes_and_methods_use_the_envelope(api, method, url, status):
 )  # fmt: skip
 def test_missing_or_wrong_api_key_is_401(api, rclient, prefix, headers, message):
     with api.client(api_key=None) as client:
-        for url, method in [(CHAT_URL, "POST"), ("/v1/models", "GET"), ("/ready", "GET"), ("/metrics", "GET"),
-                            ("/v1/requests/cmpl-1/stream", "GET"), ("/v1/requests/cmpl-1/cancel", "POST")]:  # fmt: skip
+        # /ready is open to probes (tests/api/test_api_open_routes.py); the schema and its viewers are not.
+        for url, method in [(CHAT_URL, "POST"), ("/v1/models", "GET"), ("/metrics", "GET"), ("/openapi.json", "GET"),
+                            ("/docs", "GET"), ("/redoc", "GET"), ("/v1/requests/cmpl-1/stream", "GET"),
+                            ("/v1/requests/cmpl-1/cancel", "POST")]:  # fmt: skip
             response = client.request(method, url, json=chat() if method == "POST" else None, headers=headers)
             error = assert_envelope(response, 401)
             assert message in error["message"] and error["code"] == "invalid_api_key"

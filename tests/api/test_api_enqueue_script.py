@@ -171,8 +171,9 @@ def test_a_new_request_subscribes_first_then_is_enqueued_by_one_script(start_api
     submit_path = own_commands[: enqueue + 1]
     assert [text.split(" ", 1)[0] for text in submit_path] == ["SUBSCRIBE", "EVALSHA"], submit_path
     assert submit_path[0] == f"SUBSCRIBE {keys.events(request_id)}"
-    script_keys = [f"{prefix}:api:queue", f"{prefix}:api:queue:tokens", meta_key, keys.requests]
-    assert f" 4 {' '.join(script_keys)} " in submit_path[1]
+    script_keys = [f"{prefix}:api:queue", f"{prefix}:api:queue:tokens", f"{prefix}:api:queue:owners", meta_key,
+                   keys.requests]  # fmt: skip
+    assert f" 5 {' '.join(script_keys)} " in submit_path[1]
     # The script did the writes, after the SUBSCRIBE: the request reached the stream with a listener.
     subscribed = mine.index((False, submit_path[0]))
     assert not any(in_script for in_script, _ in mine[:subscribed])

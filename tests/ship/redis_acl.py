@@ -52,7 +52,7 @@ METHOD_COMMANDS: dict[str, set[str]] = {
     "get": {"get"}, "set": {"set"}, "mget": {"mget"}, "delete": {"del"}, "expire": {"expire"},
     "incr": {"incrby"}, "incrby": {"incrby"}, "decr": {"decrby"}, "decrby": {"decrby"}, "exists": {"exists"},
     "hset": {"hset"}, "hget": {"hget"}, "hgetall": {"hgetall"}, "hdel": {"hdel"}, "hvals": {"hvals"},
-    "zadd": {"zadd"}, "zrem": {"zrem"}, "zcard": {"zcard"},
+    "zadd": {"zadd"}, "zrem": {"zrem"}, "zcard": {"zcard"}, "zcount": {"zcount"},
     "scan": {"scan"}, "scan_iter": {"scan"}, "ping": {"ping"},
     # Script objects run EVALSHA, and SCRIPT LOAD when the server does not know the script yet.
     "register_script": {"evalsha", "script|load"},
