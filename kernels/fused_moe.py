@@ -80,7 +80,7 @@ def fused_experts(
     out = moe_gemm_down(act, w2, weights, sorted_ids, block_experts, num_padded, config)  # [P, H], weighted
     # NOTE: the sum over K is a reduction of its own (not atomics in the GEMM's epilogue), so the
     # order of the additions, and the result's bits, never depend on which program ran first
-    return out.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return out.view(num_tokens, top_k, hidden).sum(dim=1)  # float32 accumulation, one rounding
 
 
 def fused_experts_ref(

@@ -1,0 +1,113 @@
+"""Which path and tiles the routed experts take (kernels/fused_moe.py), per layer shape, batch and GPU.
+
+Legend: T = tokens, E = experts, K = experts per token, H = hidden size, I = an expert's intermediate size.
+
+Tuned: bench/moe_tune.py times both paths and a sweep of grouped-GEMM tiles on a GPU and writes, per GPU
+name, kernels/moe_configs/<GPU>.json: for each shape key (moe_shape_key) the largest T that takes the
+one-token path (`small_batch_max_tokens`) and a tile per measured T (`grouped`, keyed by T as text). A
+batch takes the tile of the nearest measured T (vLLM's rule for its tuned files).
+Elsewhere (another GPU, an untuned shape, the interpreter) a heuristic decides, without a warning: a
+missing file is the normal state of a new GPU, and the heuristic is what every untuned shape runs.
+- small_batch_max_tokens = E // (2K), at least 1: while T * K pairs stay below half the experts, few
+  tokens share an expert, so the one-token path streams about what the grouped GEMMs would;
+- grouped tiles by rows per expert m = T K / E: BLOCK_M 16 (m <= 16), 32 (<= 32), 64 (<= 96), else 128,
+  with wider columns and more warps as the tile grows (vLLM's default tiles for bf16 on Hopper-class GPUs,
+  sized to stay within 150 KB of shared memory at 3 stages for the gated GEMM's two weight tiles).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from kernels._launch import interpreting
+
+CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
+GROUPED_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+PATHS = ("gemv", "grouped")
+INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
+
+
+def moe_shape_key(num_experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype) -> str:
+    """The key of one layer shape in a tuned file."""
+    return f"E={num_experts},K={top_k},H={hidden},I={inter},dtype={str(dtype).removeprefix('torch.')}"
+
+
+def device_config_file(device_name: str) -> Path:
+    """kernels/moe_configs/<the GPU's name, with characters other than letters, digits, '-' and '.' as '_'>.json."""
+    return CONFIG_DIR / (re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name) + ".json")
+
+
+@functools.lru_cache(maxsize=8)
+def tuned_table(device_name: str) -> dict:
+    """The tuned file of a GPU, {} where there is none."""
+    path = device_config_file(device_name)
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+@functools.lru_cache(maxsize=8)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def heuristic_small_batch_max_tokens(num_experts: int, top_k: int) -> int:
+    return max(1, num_experts // (2 * top_k))
+
+
+def heuristic_grouped_tile(num_tokens: int, num_experts: int, top_k: int) -> dict:
+    rows_per_expert = -(-num_tokens * top_k // num_experts)
+    if rows_per_expert <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+    if rows_per_expert <= 32:
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4, "num_stages": 3}
+    if rows_per_expert <= 96:
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+def moe_tiles(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    overrides: dict | None = None,
+) -> dict:
+    """{"path": "gemv" | "grouped", and the grouped GEMMs' tile} for one call; overrides replace entries."""
+    entry = {}
+    if device.type == "cuda" and not interpreting():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        entry = tuned_table(_device_name(index)).get(moe_shape_key(num_experts, top_k, hidden, inter, dtype), {})
+    return choose_tiles(entry, num_tokens, num_experts, top_k, overrides)
+
+
+def choose_tiles(entry: dict, num_tokens: int, num_experts: int, top_k: int, overrides: dict | None = None) -> dict:
+    """moe_tiles from one shape's tuned entry ({} for none): its values where it has them, the heuristic's else."""
+    small_max = entry.get("small_batch_max_tokens", heuristic_small_batch_max_tokens(num_experts, top_k))
+    grouped = entry.get("grouped")
+    if grouped:
+        nearest = min(grouped, key=lambda tokens: abs(int(tokens) - num_tokens))
+        tile = dict(grouped[nearest])
+    elif interpreting():
+        tile = dict(INTERPRETER_TILE)
+    else:
+        tile = heuristic_grouped_tile(num_tokens, num_experts, top_k)
+    missing = set(GROUPED_KEYS) - set(tile)
+    if missing:
+        raise ValueError(f"a tuned MoE tile lacks {sorted(missing)}: {tile}")
+    config = {"path": "gemv" if num_tokens <= small_max else "grouped", **tile}
+    unknown = set(overrides or {}) - set(config)
+    if unknown:
+        raise ValueError(f"MoE tiles may set only {sorted(config)}, got {sorted(unknown)}")
+    config.update(overrides or {})
+    if config["path"] not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {config['path']!r}")
+    return config
