@@ -64,8 +64,9 @@ def model_shape(name: str) -> tuple[int, int, int, int]:
 
 def fits(tile: dict, element_bytes: int = 2) -> bool:
     """Whether the gated GEMM's pipelined tiles (one of x, two of weights a stage) fit SHARED_MEMORY_LIMIT."""
-    stage = tile["BLOCK_M"] * tile["BLOCK_K"] + 2 * tile["BLOCK_K"] * tile["BLOCK_N"]
-    return tile["num_stages"] * stage * element_bytes <= SHARED_MEMORY_LIMIT
+    from kernels.moe_tiles import shared_bytes
+
+    return shared_bytes(tile, element_bytes) <= SHARED_MEMORY_LIMIT
 
 
 def first_round(num_tokens: int, num_experts: int, top_k: int) -> list[dict]:

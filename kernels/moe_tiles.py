@@ -11,8 +11,10 @@ missing file is the normal state of a new GPU, and the heuristic is what every u
 - small_batch_max_tokens = E // (2K), at least 1: while T * K pairs stay below half the experts, few
   tokens share an expert, so the one-token path streams about what the grouped GEMMs would;
 - grouped tiles by rows per expert m = T K / E: BLOCK_M 16 (m <= 16), 32 (<= 32), 64 (<= 96), else 128,
-  with wider columns and more warps as the tile grows (vLLM's default tiles for bf16 on Hopper-class GPUs,
-  sized to stay within 150 KB of shared memory at 3 stages for the gated GEMM's two weight tiles).
+  with wider columns and more warps as the tile grows (vLLM's default tiles for bf16 on Hopper-class GPUs);
+  then fewer stages, and if need be a shorter BLOCK_K, until the gated GEMM's pipelined tiles (its input
+  and two weight tiles a stage) fit SHARED_MEMORY_BUDGET (float32 tiles take twice bf16's, and narrower
+  columns at 128 rows, MAX_WIDE_ACCUMULATOR).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from kernels._launch import interpreting
 CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 GROUPED_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 PATHS = ("gemv", "grouped")
+SHARED_MEMORY_BUDGET = 160 * 1024  # bytes: under an A100's 164 KB a block (an H100 has 227 KB)
+# float32 inputs (the parity tests): two [BLOCK_M, BLOCK_N] accumulators of this many elements at most, which
+# 8 warps hold in registers (128 x 128 spilled on sm_90)
+MAX_WIDE_ACCUMULATOR = 128 * 64
 INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
 
 
@@ -60,15 +66,29 @@ def heuristic_small_batch_max_tokens(num_experts: int, top_k: int) -> int:
     return max(1, num_experts // (2 * top_k))
 
 
-def heuristic_grouped_tile(num_tokens: int, num_experts: int, top_k: int) -> dict:
+def shared_bytes(tile: dict, element_bytes: int) -> int:
+    """Shared memory of the gated grouped GEMM's pipeline: per stage an input tile and two weight tiles."""
+    stage = tile["BLOCK_M"] * tile["BLOCK_K"] + 2 * tile["BLOCK_K"] * tile["BLOCK_N"]
+    return tile["num_stages"] * stage * element_bytes
+
+
+def heuristic_grouped_tile(num_tokens: int, num_experts: int, top_k: int, element_bytes: int = 2) -> dict:
     rows_per_expert = -(-num_tokens * top_k // num_experts)
     if rows_per_expert <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
-    if rows_per_expert <= 32:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4, "num_stages": 3}
-    if rows_per_expert <= 96:
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+        tile = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+    elif rows_per_expert <= 32:
+        tile = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "num_warps": 4, "num_stages": 3}
+    elif rows_per_expert <= 96:
+        tile = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    else:
+        tile = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    if element_bytes > 2 and tile["BLOCK_M"] * tile["BLOCK_N"] > MAX_WIDE_ACCUMULATOR:
+        tile["BLOCK_N"] = MAX_WIDE_ACCUMULATOR // tile["BLOCK_M"]
+    while shared_bytes(tile, element_bytes) > SHARED_MEMORY_BUDGET and tile["num_stages"] > 2:
+        tile["num_stages"] -= 1
+    while shared_bytes(tile, element_bytes) > SHARED_MEMORY_BUDGET and tile["BLOCK_K"] > 16:
+        tile["BLOCK_K"] //= 2
+    return tile
 
 
 def moe_tiles(
@@ -86,10 +106,17 @@ def moe_tiles(
     if device.type == "cuda" and not interpreting():
         index = device.index if device.index is not None else torch.cuda.current_device()
         entry = tuned_table(_device_name(index)).get(moe_shape_key(num_experts, top_k, hidden, inter, dtype), {})
-    return choose_tiles(entry, num_tokens, num_experts, top_k, overrides)
+    return choose_tiles(entry, num_tokens, num_experts, top_k, overrides, element_bytes=dtype.itemsize)
 
 
-def choose_tiles(entry: dict, num_tokens: int, num_experts: int, top_k: int, overrides: dict | None = None) -> dict:
+def choose_tiles(
+    entry: dict,
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    overrides: dict | None = None,
+    element_bytes: int = 2,
+) -> dict:
     """moe_tiles from one shape's tuned entry ({} for none): its values where it has them, the heuristic's else."""
     small_max = entry.get("small_batch_max_tokens", heuristic_small_batch_max_tokens(num_experts, top_k))
     grouped = entry.get("grouped")
@@ -99,7 +126,7 @@ def choose_tiles(entry: dict, num_tokens: int, num_experts: int, top_k: int, ove
     elif interpreting():
         tile = dict(INTERPRETER_TILE)
     else:
-        tile = heuristic_grouped_tile(num_tokens, num_experts, top_k)
+        tile = heuristic_grouped_tile(num_tokens, num_experts, top_k, element_bytes)
     missing = set(GROUPED_KEYS) - set(tile)
     if missing:
         raise ValueError(f"a tuned MoE tile lacks {sorted(missing)}: {tile}")

@@ -175,3 +175,14 @@ def test_dense_checkpoint_names_stay_unknown_in_a_moe_model(
     save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.down_proj\.weight' has no parameter"):
         load(model_dir)
+
+
+def test_dummy_expert_weights_scale_by_their_input_width(tiny_checkpoint: Callable[[str], Path]) -> None:
+    """[E, out, in] expert weights get N(0, 1 / in) as [out, in] matrices do: unit-scale outputs per expert."""
+    model = load_model(ModelConfig(model=str(tiny_checkpoint("mixtral")), load_format="dummy"), CPU,
+                       torch.float32).model  # fmt: skip
+    experts = model.model.layers[0].mlp.experts
+    hidden, inter = experts.gate_up_proj.shape[2], experts.down_proj.shape[2]
+    assert hidden != 2 * inter and hidden != inter  # the widths that tell the two fan-ins apart
+    assert experts.gate_up_proj.std().item() == pytest.approx(hidden**-0.5, rel=0.05)
+    assert experts.down_proj.std().item() == pytest.approx(inter**-0.5, rel=0.05)

@@ -13,7 +13,14 @@ from kernels.moe_align import moe_align, moe_align_ref
 from kernels.moe_gemm import moe_gemm_down, moe_gemm_gate_up, moe_gemm_ref
 from kernels.moe_gemv import moe_gemv_down, moe_gemv_gate_up, moe_gemv_ref
 from kernels.moe_router import moe_route_ref
-from kernels.moe_tiles import choose_tiles, device_config_file, heuristic_grouped_tile, moe_shape_key
+from kernels.moe_tiles import (
+    SHARED_MEMORY_BUDGET,
+    choose_tiles,
+    device_config_file,
+    heuristic_grouped_tile,
+    moe_shape_key,
+    shared_bytes,
+)
 
 # bf16 and fp16 products are exact in fp32; the tolerance covers the outputs' roundings
 DTYPES = [
@@ -129,5 +136,14 @@ def test_tuned_entries_choose_path_and_nearest_tile_and_the_heuristic_fills_in()
     with pytest.raises(ValueError, match="lacks"):
         choose_tiles({"grouped": {"16": {"BLOCK_M": 16}}}, 30, 8, 2)
     assert [heuristic_grouped_tile(t, 128, 8)["BLOCK_M"] for t in (16, 512, 1536, 8192)] == [16, 32, 64, 128]
+    # every heuristic tile fits the shared-memory budget, float32's by narrower columns and fewer stages
+    for element_bytes in (2, 4):
+        for tokens in (16, 512, 1536, 8192):
+            tile = heuristic_grouped_tile(tokens, 128, 8, element_bytes)
+            assert shared_bytes(tile, element_bytes) <= SHARED_MEMORY_BUDGET, (element_bytes, tile)
+    assert heuristic_grouped_tile(8192, 128, 8) == {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
+                                                    "num_warps": 8, "num_stages": 3}  # fmt: skip
+    wide_fp32 = heuristic_grouped_tile(8192, 128, 8, 4)
+    assert (wide_fp32["BLOCK_N"], wide_fp32["num_stages"]) == (64, 2)  # fewer registers, fewer stages
     assert moe_shape_key(128, 8, 2048, 768, torch.bfloat16) == "E=128,K=8,H=2048,I=768,dtype=bfloat16"
     assert device_config_file("NVIDIA H100 80GB HBM3").name == "NVIDIA_H100_80GB_HBM3.json"
