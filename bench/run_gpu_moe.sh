@@ -52,8 +52,8 @@ fi
 
 if wants tune; then
     phase "MoE tuning"
-    timeout "${TUNE_TIMEOUT_S:-150}" "$PYTHON" -m bench.moe_tune --models "$TUNE_MODELS" --shape 8,2,4096,7168 \
-        --tokens "${TUNE_TOKENS:-1,2,4,8,16,32,64,128,512,2048,8192}" --budget-s "${TUNE_BUDGET_S:-45}" \
+    timeout "${TUNE_TIMEOUT_S:-170}" "$PYTHON" -m bench.moe_tune --models "$TUNE_MODELS" --shape 8,2,4096,7168 \
+        --tokens "${TUNE_TOKENS:-1,2,4,8,16,32,64,128,512,2048,8192}" --budget-s "${TUNE_BUDGET_S:-40}" \
         --config-dir "$OUT/moe_configs" 2>&1 | tee -a "$LOG"
     tune_rc=${PIPESTATUS[0]}
     if compgen -G "$OUT/moe_configs/*.json" >/dev/null; then
@@ -63,7 +63,7 @@ fi
 
 if wants layer; then
     phase "MoE layer"
-    timeout "${LAYER_TIMEOUT_S:-110}" "$PYTHON" -m bench.moe_layer --out "$OUT" \
+    timeout "${LAYER_TIMEOUT_S:-100}" "$PYTHON" -m bench.moe_layer --out "$OUT" \
         --tokens "${LAYER_TOKENS:-1,4,16,32,64,256,1536,2048,8192}" 2>&1 | tee -a "$LOG"
     layer_rc=${PIPESTATUS[0]}
 fi
@@ -77,7 +77,7 @@ fi
 
 if wants offline; then
     phase "offline throughput ($MOE_MODEL)"
-    timeout "${OFFLINE_TIMEOUT_S:-110}" "$PYTHON" -m bench.offline_throughput --models "$MOE_MODEL" --skip-hf \
+    timeout "${OFFLINE_TIMEOUT_S:-100}" "$PYTHON" -m bench.offline_throughput --models "$MOE_MODEL" --skip-hf \
         --out "$OUT" 2>&1 | tee -a "$LOG"
     offline_rc=${PIPESTATUS[0]}
 fi

@@ -5,7 +5,7 @@ Legend: T = tokens, E = experts, K = experts per token, H = hidden size, I = an 
 Tuned: bench/moe_tune.py times both paths and a sweep of grouped-GEMM tiles on a GPU and writes, per GPU
 name, kernels/moe_configs/<GPU>.json: for each shape key (moe_shape_key) the largest T that takes the
 one-token path (`small_batch_max_tokens`) and a tile per measured T (`grouped`, keyed by T as text). A
-batch takes the tile of the nearest measured T (vLLM's rule for its tuned files).
+batch takes the tile of the nearest measured T (vLLM's rule for its tuned files), if within a factor of 2.
 Elsewhere (another GPU, an untuned shape, the interpreter) a heuristic decides, without a warning: a
 missing file is the normal state of a new GPU, and the heuristic is what every untuned shape runs.
 - small_batch_max_tokens = E // (2K), at least 1: while T * K pairs stay below half the experts, few
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from kernels._launch import interpreting
 CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 GROUPED_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 PATHS = ("gemv", "grouped")
+# a tuned tile serves batches within this factor of the batch it was measured at (a sweep cut short by its
+# budget leaves the larger batches to the heuristic rather than to the largest measured one's tile)
+NEAREST_MAX_RATIO = 2
 SHARED_MEMORY_BUDGET = 160 * 1024  # bytes: under an A100's 164 KB a block (an H100 has 227 KB)
 # float32 inputs (the parity tests): two [BLOCK_M, BLOCK_N] accumulators of this many elements at most, which
 # 8 warps hold in registers (128 x 128 spilled on sm_90)
@@ -119,9 +123,9 @@ def choose_tiles(
 ) -> dict:
     """moe_tiles from one shape's tuned entry ({} for none): its values where it has them, the heuristic's else."""
     small_max = entry.get("small_batch_max_tokens", heuristic_small_batch_max_tokens(num_experts, top_k))
-    grouped = entry.get("grouped")
-    if grouped:
-        nearest = min(grouped, key=lambda tokens: abs(int(tokens) - num_tokens))
+    grouped = entry.get("grouped") or {}
+    nearest = min(grouped, key=lambda tokens: abs(math.log(int(tokens) / num_tokens)), default=None)
+    if nearest is not None and max(int(nearest), num_tokens) <= NEAREST_MAX_RATIO * min(int(nearest), num_tokens):
         tile = dict(grouped[nearest])
     elif interpreting():
         tile = dict(INTERPRETER_TILE)

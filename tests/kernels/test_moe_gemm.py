@@ -124,10 +124,12 @@ def test_shapes_are_checked_before_any_launch(device):
 
 def test_tuned_entries_choose_path_and_nearest_tile_and_the_heuristic_fills_in():
     tuned_small, tuned_large = dict(SMALL_TILE, BLOCK_N=32), dict(SMALL_TILE, BLOCK_M=64)
-    entry = {"small_batch_max_tokens": 3, "grouped": {"16": tuned_small, "256": tuned_large}}
+    entry = {"small_batch_max_tokens": 3, "grouped": {"8": tuned_small, "256": tuned_large}}
     assert choose_tiles(entry, 3, 128, 8)["path"] == "gemv"
     assert choose_tiles(entry, 4, 128, 8) == {"path": "grouped", **tuned_small}
+    assert choose_tiles(entry, 40, 128, 8) == choose_tiles({}, 40, 128, 8)  # 5x from 8, 6x from 256: untuned
     assert choose_tiles(entry, 200, 128, 8) == {"path": "grouped", **tuned_large}
+    assert choose_tiles(entry, 513, 128, 8) == choose_tiles({}, 513, 128, 8)  # over 2x from 256: untuned
     assert choose_tiles({}, 8, 128, 8)["path"] == "gemv"  # 128 // (2 * 8)
     assert choose_tiles({}, 9, 128, 8)["path"] == "grouped"
     assert choose_tiles({}, 3, 8, 2, {"path": "gemv"})["path"] == "gemv"
