@@ -7,11 +7,11 @@ reads it; commit the file).
 Per MoE shape (from bench/configs/<model>/config.json, or --shape E,K,H,I) and token count T, with a random
 routing (about uniform, as random weights route) of bf16 inputs, it times the routed experts (CUDA-graph
 replays, bench/kernel_timing.py) on the one-token path and on the grouped path with each candidate tile, in
-two rounds: the tile's (BLOCK_M, BLOCK_N, BLOCK_K) at 4 warps, 3 stages, GROUP_M 8; then warps, stages and
-GROUP_M around the best two. It records the best grouped tile per T and the largest T up to which the
-one-token path wins at every measured count (`small_batch_max_tokens`, 0 where it never does). A shape's
-entry is replaced whole; other shapes' entries in the file stay. --budget-s stops a shape's sweep early
-(the counts measured so far are written; the heuristic serves the rest).
+two sweeps: a coarse one over the tile's (BLOCK_M, BLOCK_N, BLOCK_K) at 4 warps, 3 stages, GROUP_M 8; then a
+refined one over warps, stages and GROUP_M around the best two. It records the best grouped tile per T and
+the largest T up to which the one-token path wins at every measured count (`small_batch_max_tokens`, 0 where
+it never does). A shape's entry is replaced whole; other shapes' entries in the file stay. --budget-s stops a
+shape's sweep early (the counts measured so far are written; the heuristic serves the rest).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 
 TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192)
 SHARED_MEMORY_LIMIT = 200 * 1024  # bytes of a program's pipelined tiles (H100: 227 KB a block)
-FIRST_ROUND = {"num_warps": 4, "num_stages": 3, "GROUP_M": 8}
-SECOND_ROUND = {"num_warps": (4, 8), "num_stages": (3, 4), "GROUP_M": (1, 16)}
-# NOTE: every candidate tile is two compiled kernels (~1 s each): the rounds stay small so that a shape's sweep
+COARSE_FIXED = {"num_warps": 4, "num_stages": 3, "GROUP_M": 8}
+REFINED_CHOICES = {"num_warps": (4, 8), "num_stages": (3, 4), "GROUP_M": (1, 16)}
+# NOTE: every candidate tile is two compiled kernels (~1 s each): the sweeps stay small so that a shape's sweep
 # fits a device call (vLLM's full sweep takes hours a shape)
 
 
@@ -69,19 +69,19 @@ def fits(tile: dict, element_bytes: int = 2) -> bool:
     return shared_bytes(tile, element_bytes) <= SHARED_MEMORY_LIMIT
 
 
-def first_round(num_tokens: int, num_experts: int, top_k: int) -> list[dict]:
+def coarse_tiles(num_tokens: int, num_experts: int, top_k: int) -> list[dict]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) candidates: row tiles up to twice the expected rows per expert."""
     rows = -(-num_tokens * top_k // num_experts)
     heights = [m for m in (16, 32, 64, 128) if m == 16 or m <= 2 * rows]
-    tiles = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, **FIRST_ROUND}
+    tiles = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, **COARSE_FIXED}
              for m, n, k in itertools.product(heights, (64, 128), (64, 128))]  # fmt: skip
     return [t for t in tiles if fits(t)]
 
 
-def second_round(best: list[dict]) -> list[dict]:
+def refined_tiles(best: list[dict]) -> list[dict]:
     tiles = []
     for base in best:
-        for warps, stages, group in itertools.product(*SECOND_ROUND.values()):
+        for warps, stages, group in itertools.product(*REFINED_CHOICES.values()):
             tile = {**base, "num_warps": warps, "num_stages": stages, "GROUP_M": group}
             if fits(tile) and tile not in tiles:
                 tiles.append(tile)
@@ -134,12 +134,12 @@ def tune_shape(bench, shape: tuple[int, int, int, int], tokens: tuple[int, ...],
             return ms * 1e3
 
         gemv_us[num_tokens] = timed({"path": "gemv"})
-        candidates = first_round(num_tokens, num_experts, top_k)
+        candidates = coarse_tiles(num_tokens, num_experts, top_k)
         if dry_run:
             candidates = [dict(c, BLOCK_N=16, BLOCK_K=16, num_stages=1) for c in candidates[:2]]
         scored = sorted((timed({"path": "grouped", **tile}), i, tile) for i, tile in enumerate(candidates))
         if not dry_run:
-            more = [t for t in second_round([tile for _, _, tile in scored[:2]]) if t not in candidates]
+            more = [t for t in refined_tiles([tile for _, _, tile in scored[:2]]) if t not in candidates]
             scored += [(timed({"path": "grouped", **t}), len(scored) + i, t) for i, t in enumerate(more)]
             scored.sort()
         grouped_us[num_tokens], _, grouped[str(num_tokens)] = scored[0]

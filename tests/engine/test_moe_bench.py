@@ -87,11 +87,11 @@ def test_tuning_dry_run_writes_an_entry_the_tile_chooser_reads(tmp_path: Path) -
 
 
 def test_tuning_rules() -> None:
-    from bench.moe_tune import first_round, fits, small_batch_max_tokens
+    from bench.moe_tune import coarse_tiles, fits, small_batch_max_tokens
 
     assert small_batch_max_tokens({1: 5.0, 2: 6.0, 4: 9.0, 8: 7.0}, {1: 8.0, 2: 7.0, 4: 8.0, 8: 9.0}) == 2
     assert small_batch_max_tokens({1: 9.0}, {1: 8.0}) == 0
     assert not fits({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "num_stages": 4})
-    heights = {t["BLOCK_M"] for t in first_round(1, 128, 8)}
+    heights = {t["BLOCK_M"] for t in coarse_tiles(1, 128, 8)}
     assert heights == {16}  # one token: no taller row tile
-    assert {t["BLOCK_M"] for t in first_round(8192, 128, 8)} == {16, 32, 64, 128}
+    assert {t["BLOCK_M"] for t in coarse_tiles(8192, 128, 8)} == {16, 32, 64, 128}
