@@ -34,6 +34,9 @@ POINTER_TYPES = {
     "part_bad_ptr": "*i32", "pos_ptr": "*i64", "slot_ptr": "*i64", "cache_ptr": "*fp32", "cos_sin_ptr": "*fp32",
     "params_ptr": "*fp64", "packed_ptr": "*i64", "work_ptr": "*fp32", "kth_ptr": "*fp32", "hist_ptr": "*i32",
     "select_ptr": "*i64",
+    # the MoE kernels' routing tensors
+    "ids_ptr": "*i32", "counts_ptr": "*i32", "sorted_ptr": "*i32", "offsets_ptr": "*i32", "starts_ptr": "*i32",
+    "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "weights_ptr": "*fp32", "routed_ptr": "*fp32",
 }  # fmt: skip
 FLOAT_SCALARS = {"eps", "norm_eps", "qk_scale"}
 
@@ -130,6 +133,34 @@ def _variants() -> list[Variant]:
                 {"num_warps": 4, **on}, "16 / 4 heads (a 2048-wide Llama)"),
         Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=8, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on},
                 multiples_of_16=("num_tokens", "head_dim", "block_size")),
+        *_moe_variants(pdl, on),
+    ]  # fmt: skip
+
+
+def _moe_variants(pdl: dict, on: dict) -> list[Variant]:
+    """The MoE kernels at the Qwen3-30B-A3B shape (E = 128, top-8, H = 2048, I = 768): the heuristic's tiles."""
+    import triton.language as tl
+
+    gemm = dict(DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", **pdl)
+    small = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1)
+    large = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8)
+    return [
+        Variant("moe_router", "_moe_route_kernel", dict(TOP_K=8, BLOCK_K=8, RENORMALIZE=True, BLOCK_T=32,
+                                                        BLOCK_E=128, **pdl), {"num_warps": 8, **on}, "E = 128, top-8"),
+        Variant("moe_align", "_count_kernel", dict(CHUNK=64, BLOCK_E=128, FILL=1024, **pdl), {"num_warps": 8, **on}),
+        Variant("moe_align", "_offsets_kernel", dict(BLOCK_M=16, BLOCK_C=64, BLOCK_E=128, BLOCK_B=64, **pdl),
+                {"num_warps": 8, **on}),
+        Variant("moe_align", "_scatter_kernel", dict(CHUNK=64, BLOCK_E=128, **pdl), {"num_warps": 8, **on}),
+        Variant("moe_gemm", "_moe_gemm_kernel", dict(A_ROW_DIV=8, GATED=True, MUL_WEIGHT=False, **small, **gemm),
+                {"num_warps": 4, "num_stages": 3, **on}, "gate|up, 16-row tiles", ("N", "Kr", "stride_a")),
+        Variant("moe_gemm", "_moe_gemm_kernel", dict(A_ROW_DIV=8, GATED=True, MUL_WEIGHT=False, **large, **gemm),
+                {"num_warps": 8, "num_stages": 3, **on}, "gate|up, 128-row tiles", ("N", "Kr", "stride_a")),
+        Variant("moe_gemm", "_moe_gemm_kernel", dict(A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, **large, **gemm),
+                {"num_warps": 8, "num_stages": 3, **on}, "down, 128-row tiles", ("N", "Kr", "stride_a")),
+        Variant("moe_gemv", "_moe_gemv_gate_up_kernel", dict(TOP_K=8, BLOCK_N=4, BLOCK_K=512, **pdl),
+                {"num_warps": 8, "num_stages": 1, **on}, multiples_of_16=("inter", "hidden")),
+        Variant("moe_gemv", "_moe_gemv_down_kernel", dict(TOP_K=8, BLOCK_N=4, BLOCK_K=512, **pdl),
+                {"num_warps": 8, "num_stages": 1, **on}, multiples_of_16=("inter", "hidden")),
     ]  # fmt: skip
 
 

@@ -21,6 +21,14 @@ sequence of prompt p and output o needs o - 1 decode steps; in decode step k (k 
 reads p + k - 1 cached tokens plus the one it writes (p + k keys).
 
 Batch-1 decode uses the same per-step formula with T = R = 1.
+
+MoE models (routed experts of E per layer, K per token) read and multiply only the experts their
+tokens pick: of the experts' bytes X (and parameters Px), a step of T tokens reads the expected
+touched share f(T) = 1 - (1 - K/E)^T (each token picks K distinct experts, uniformly: the random
+weights' routing; K/E at one token, nearly all of them at a few hundred), and each token
+multiplies K/E of Px (its active parameters):
+
+    bytes = W - X + f(T) X + kv * (...)        flops = 2 * (P - Px + Px K / E) * T + ...
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ class ModelCosts:
     lm_head_params: int  # V * H
     kv_bytes_per_token: int  # kv
     attention_flops_per_key: int  # 4 * L * Hq * D
+    expert_bytes: int = 0  # X: the routed experts' weights, all layers (0: a dense model)
+    expert_params: int = 0  # Px
+    num_experts: int = 0  # E
+    top_k: int = 0  # K
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, hf_config: Any) -> ModelCosts:
@@ -54,6 +66,10 @@ class ModelCosts:
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         layers, heads, head_dim = model.num_layers, model.num_kv_heads, model.head_dim
         q_heads = int(getattr(hf_config, "num_attention_heads", 0) or hf_config.n_head)
+        # the packed routed experts of an MoE model (engine/models/layers/fused_moe.py)
+        experts = sum(p.numel() for name, p in params.items() if name.endswith((".experts.gate_up_proj",
+                                                                                 ".experts.down_proj")))  # fmt: skip
+        spec = getattr(model, "moe", None)
         return cls(
             weight_bytes=(total - (0 if tied else embed)) * itemsize,
             all_param_bytes=total * itemsize,
@@ -61,7 +77,27 @@ class ModelCosts:
             lm_head_params=vocab * hidden,
             kv_bytes_per_token=2 * layers * heads * head_dim * itemsize,
             attention_flops_per_key=4 * layers * q_heads * head_dim,
+            expert_bytes=experts * itemsize,
+            expert_params=experts,
+            num_experts=spec.num_experts if experts else 0,
+            top_k=spec.top_k if experts else 0,
         )
+
+    def touched_expert_share(self, new_tokens: float) -> float:
+        """f(T): the expected share of the experts' weights a step of T tokens reads (1 for a dense model)."""
+        if not self.num_experts:
+            return 1.0
+        return 1.0 - (1.0 - self.top_k / self.num_experts) ** new_tokens
+
+    def step_weight_bytes(self, new_tokens: float) -> float:
+        """W - X + f(T) X: the weights a step of T tokens streams."""
+        return self.weight_bytes - self.expert_bytes + self.touched_expert_share(new_tokens) * self.expert_bytes
+
+    def active_projection_params(self) -> float:
+        """P - Px + Px K / E: the projection parameters each token multiplies."""
+        if not self.num_experts:
+            return float(self.projection_params)
+        return self.projection_params - self.expert_params + self.expert_params * self.top_k / self.num_experts
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -78,9 +114,9 @@ def step_cost(
         keys_read: cached tokens whose K/V the step reads (sum over sequences).
         keys_attended: sum over new tokens of the keys each attends to (itself included).
     """
-    nbytes = costs.weight_bytes + costs.kv_bytes_per_token * (keys_read + new_tokens)
+    nbytes = costs.step_weight_bytes(new_tokens) + costs.kv_bytes_per_token * (keys_read + new_tokens)
     flops = (
-        2 * costs.projection_params * new_tokens
+        2 * costs.active_projection_params() * new_tokens
         + 2 * costs.lm_head_params * sampled_rows
         + costs.attention_flops_per_key * keys_attended
     )
@@ -185,3 +221,9 @@ def check_arithmetic() -> None:
     assert floor["num_prefill_steps"] == 2 and floor["num_decode_steps"] == 2
     assert floor["prefill_floor_s"] == 1004 + 1006
     assert floor["decode_floor_s"] == 1008 + 1010
+    # MoE: of 1000 weight bytes 800 are experts (8 of them, 2 per token), of 10 projection params 8
+    moe = ModelCosts(**{**costs.as_dict(), "expert_bytes": 800, "expert_params": 8, "num_experts": 8, "top_k": 2})
+    # one token reads 2/8 of the experts: 200 + 800 / 4 = 400 bytes; multiplies 2 + 8 / 4 = 4 params
+    assert step_cost(moe, 1, 1, 7, 8) == (400 + 2 * 8, 2 * 4 + 2 * 5 + 4 * 8)
+    # two tokens: 1 - (3/4)^2 = 7/16 of the experts: 200 + 350 bytes; flops per token unchanged
+    assert step_cost(moe, 2, 2, 0, 3) == (550 + 2 * 2, 2 * 4 * 2 + 2 * 5 * 2 + 4 * 3)

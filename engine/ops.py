@@ -24,10 +24,12 @@ import torch.nn.functional as F
 from engine.attention_metadata import AttentionMetadata
 from kernels._pdl import use_pdl
 from kernels.decode_attention import paged_decode_attention_ref
+from kernels.fused_moe import fused_experts_ref
 from kernels.gelu_tanh import gelu_tanh_ref
 from kernels.greedy_sample import greedy_sample_ref
 from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
+from kernels.moe_router import moe_route_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
 from kernels.random_sample_ref import random_sample_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -230,6 +232,28 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return kernel(x)
     return silu_and_mul_ref(x)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax, top-k and the
+    optional renormalization in one kernel (kernels/moe_router.py)."""
+    if use_triton(logits):
+        from kernels.moe_router import moe_route as kernel
+
+        return kernel(logits, top_k, renormalize)
+    return moe_route_ref(logits, top_k, renormalize)
+
+
+def fused_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """x [T, H] through each token's routed experts (w13 [E, 2I, H], w2 [E, H, I]), weighted and summed
+    -> [T, H] (kernels/fused_moe.py). The reference reads expert counts on the host (no CUDA graphs)."""
+    if use_triton(x):
+        from kernels.fused_moe import fused_experts as kernel
+
+        return kernel(x, w13, w2, weights, ids)
+    return fused_experts_ref(x, w13, w2, weights, ids)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

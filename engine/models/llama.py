@@ -103,10 +103,10 @@ class LlamaDecoderLayer(nn.Module):
     """x += attn(norm(x)); x += mlp(norm(x)), with the residual add fused into each norm and each
     norm into the projection after it (one kernel at one token: engine.ops.rms_norm_linear)."""
 
-    def __init__(self, config: Any, attention: nn.Module) -> None:
+    def __init__(self, config: Any, attention: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = attention
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.mlp = mlp  # GatedMLP, or an MoE block: called as mlp(hidden, residual, norm)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -129,15 +129,17 @@ class LlamaModel(nn.Module):
     Args:
         config: the transformers config.
         make_attention: builds one layer's attention from (config, shared rotary embedding).
+        make_mlp: builds layer i's MLP from (config, i).
     """
 
-    def __init__(self, config: Any, make_attention: Any) -> None:
+    def __init__(self, config: Any, make_attention: Any, make_mlp: Any) -> None:
         super().__init__()
         theta, scaling = rope_parameters(config)
         rotary = RotaryEmbedding(head_dim_of(config), config.max_position_embeddings, theta, scaling)
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, make_attention(config, rotary)) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, make_attention(config, rotary), make_mlp(config, i))
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -170,7 +172,7 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"hidden_act must be 'silu' for {type(self).__name__}, got {hidden_act!r}")
         self.config = config
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.model = LlamaModel(config, self.make_attention)
+        self.model = LlamaModel(config, self.make_attention, self.make_mlp)
         tied_to = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to)
         self.num_layers = config.num_hidden_layers
@@ -180,6 +182,10 @@ class LlamaForCausalLM(nn.Module):
     def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", False))
         return LlamaAttention(config, rotary, qkv_bias=bias, o_bias=bias)
+
+    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+        """Layer layer_idx's MLP (MoE families override it)."""
+        return GatedMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
 
     def forward(
         self,

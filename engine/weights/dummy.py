@@ -25,7 +25,8 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
         if param.dim() == 1:
             param.fill_(0.0 if name.endswith("bias") else 1.0)
             continue
-        std = param.shape[1] ** -0.5  # [out, in]: unit-variance outputs for unit-variance inputs
+        # [out, in], or [E, out, in] for packed experts: unit-variance outputs for unit-variance inputs
+        std = param.shape[-1] ** -0.5
         # NOTE: sampled in fp32 so the same seed gives the same weights (rounded) in every dtype.
         sample = torch.empty(param.shape, dtype=torch.float32, device=param.device)
         param.copy_(sample.normal_(0.0, std, generator=generator))
