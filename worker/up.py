@@ -213,10 +213,13 @@ print(r.choices[0].message.content)"
 def cmd_up(args: argparse.Namespace) -> int:
     stack = Stack()
 
-    def on_sigterm(signum, frame) -> None:
+    def on_stop_signal(signum, frame) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # NOTE: SIGINT too: a shell starts background jobs (`inferq up &` in a script) with SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, on_stop_signal)
+    signal.signal(signal.SIGTERM, on_stop_signal)
     lock: IO[str] | None = None
     try:
         redis_url = args.redis_url

@@ -49,16 +49,28 @@ class UpProcess:
         return self.log_path.read_text(errors="replace")
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start_up(
-    home: Path, *flags: str, env: dict[str, str] | None = None, timeout_s: float = READY_TIMEOUT_S
+    home: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+    sigint_ignored: bool = False,
 ) -> UpProcess:
-    """`inferq up` with HOME=home (and `env`) on a free port, once it says it is up (its children recorded)."""
+    """`inferq up` with HOME=home (and `env`) on a free port, once it says it is up (its children recorded).
+
+    sigint_ignored: start it as a shell starts a background job (`inferq up &` in a script).
+    """
     port = free_port()
     log_path = home / f"inferq-up-{port}.log"
     argv = [*inferq_command(), "up", "--model", "default", "--device", "cpu", "--port", str(port), *flags]
     env = child_env(HOME=str(home), **(env or {}))
+    preexec = _ignore_sigint if sigint_ignored else None
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
     up = UpProcess(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout_s
     while "inferq is up" not in up.log_text():

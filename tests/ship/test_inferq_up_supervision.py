@@ -42,7 +42,8 @@ def home(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def up_with_keys(home: Path) -> Iterator[UpProcess]:
-    up = start_up(home, env=KEYS, timeout_s=START_TIMEOUT_S)
+    # Started as a script's background job is: with SIGINT ignored, which `inferq up` must still obey.
+    up = start_up(home, env=KEYS, timeout_s=START_TIMEOUT_S, sigint_ignored=True)
     try:
         yield up
     finally:
@@ -136,8 +137,9 @@ def test_pending_data_persists_across_runs_and_fresh_empties_it(up_with_keys: Up
     client.set(marker, "1")
     client.close()
     time.sleep(1.5)  # appendfsync everysec
-    up_with_keys.process.send_signal(signal.SIGINT)
-    assert up_with_keys.process.wait(timeout=60) == 0
+    up_with_keys.process.send_signal(signal.SIGINT)  # though it was started with SIGINT ignored
+    assert up_with_keys.process.wait(timeout=60) == 0, up_with_keys.log_text()[-2000:]
+    assert "inferq: stopping" in up_with_keys.log_text()
 
     for flags, kept in (((), True), (("--fresh",), False)):
         up = start_up(home, *flags, env=KEYS, timeout_s=START_TIMEOUT_S)
