@@ -89,7 +89,7 @@ class Up:
     def stop(self) -> None:
         children = descendants(self.process.pid)
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -225,14 +225,42 @@ def main(argv: list[str] | None = None) -> None:
             threads, busy = config.split(":")
             result["runs"].append(run_one(args, threads, int(busy), Path(tmp), tokenizer))
     write_json(args.out, f"{args.name}.json", result)
-    columns = [("threads_setting", "threads", ""), ("busy_loops", "busy loops", ""), ("completed", "done", ".0f"),
-               ("errors", "errors", ""), ("ttft_ms_p50", "TTFT p50 ms", ".0f"), ("ttft_ms_p99", "TTFT p99 ms", ".0f"),
-               ("itl_ms_p50", "ITL p50 ms", ".1f"), ("itl_ms_p99", "ITL p99 ms", ".1f"),
-               ("output_tok_s", "output tok/s", ".1f"), ("requests_s", "req/s", ".3f"),
-               ("wall_s", "wall s", ".0f"), ("timed_out_s", "timed out after s", ".0f")]  # fmt: skip
-    md = table(result["runs"], columns, drop_absent=True)
-    (Path(args.out) / f"{args.name}.table.md").write_text(md + "\n")
+    md = markdown(result)
+    (Path(args.out) / f"{args.name}.md").write_text(md)
     print(md)
+
+
+COLUMNS = [("threads_setting", "threads", ""), ("worker", "worker log", ""), ("busy_loops", "busy loops", ""),
+           ("completed", "done", ".0f"), ("errors", "errors", ""), ("ttft_ms_p50", "TTFT p50 ms", ".0f"),
+           ("ttft_ms_p99", "TTFT p99 ms", ".0f"), ("itl_ms_p50", "ITL p50 ms", ".1f"),
+           ("itl_ms_p99", "ITL p99 ms", ".1f"), ("output_tok_s", "output tok/s", ".2f"),
+           ("requests_s", "req/s", ".3f"), ("duration_s", "benchmark s", ".0f"),
+           ("timed_out_s", "timed out after s", ".0f")]  # fmt: skip
+
+
+def markdown(result: dict) -> str:
+    """The report: machine, versions, workload, the table, and every exact command."""
+    machine, workload = result["machine"], result["workload"]
+    lines = [
+        "# aiperf against `inferq up` on the CPU",
+        "",
+        f"- date: {machine['date']}; commit: `{machine['commit']}`",
+        f"- CPU: {machine['cpu']}, {machine['usable_cores']} usable cores; Python {machine['python']}, "
+        f"torch {machine['torch']}, aiperf {machine['aiperf']}",
+        f"- model: the packaged SmolLM2-135M-Instruct (fp32 on CPU); workload: {workload['concurrency']} concurrent "
+        f"streaming chats, {workload['requests']} requests, {workload['isl']}-token synthetic prompts, "
+        f"{workload['osl']} tokens out (ignore_eos)",
+        f"- run with: `{result['bench_command']}`",
+        *([f"- note: {result['note']}"] if result.get("note") else []),
+        "",
+        table(result["runs"], COLUMNS, drop_absent=True),
+        "",
+        "Each run's aiperf command (its `--url` and `--artifact-dir` were a fresh `inferq up` and a temporary folder):",
+        "",
+    ]
+    lines += [f"- threads {run['threads_setting']}, busy loops {run['busy_loops']}: `{run['command']}`"
+              for run in result["runs"] if "command" in run]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
