@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # torch loads only now, after the flags parsed (`--help` and a bad flag answer at once).
+    from engine.llm_engine import resolve_device
+    from worker.cpu_threads import apply_cpu_threads
+
+    apply_cpu_threads(settings.cpu_threads, resolve_device(settings.device))
     worker = Worker(settings)
     # NOTE: the engine's start leaves a few 100k long-lived Python objects (model, tokenizer,
     # imports) that every full garbage collection would walk again: ~170 ms on a 2-core machine,

@@ -52,6 +52,12 @@ class WorkerSettings(BaseSettings):
         description="Launch step k+1 before reading step k's tokens (host work overlaps the GPU); "
         "default: on for CUDA, off for CPU.",
     )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads of a CPU worker; default: usable cores - 1 (the API, Redis and "
+        "clients keep a core), or OMP_NUM_THREADS when set. A GPU worker ignores it.",
+    )
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + output; default: the checkpoint's.")
     block_size: int = Field(64, ge=1, description="Tokens per KV block.")
     num_kv_tokens: int | None = Field(None, ge=1, description="KV pool size in tokens (overrides memory sizing).")

@@ -31,7 +31,6 @@ from engine.weights.errors import CheckpointError
 
 CONVERTER_VERSION = 1
 SHARD_BYTES = 2 << 30
-PROGRESS_MIN_BYTES = 1 << 30
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -125,8 +124,13 @@ def _write_checkpoint(gguf_path: Path, out_dir: Path, dtype: torch.dtype) -> Non
     tensor_shapes = {tensor.name: [int(n) for n in reversed(tensor.shape.tolist())] for tensor in reader.tensors}
     config = _llama_config(metadata, tensor_shapes, gguf_path)
     config.save_pretrained(out_dir)
-    _write_tensors(reader, config, out_dir, dtype, gguf_path)
-    _write_tokenizer(gguf_path, out_dir)
+    # One bar over the whole one-off conversion, however small the file: a step per tensor, then
+    # the tokenizer (which takes as long as the tensors of a small model).
+    with tqdm(total=len(reader.tensors) + 1, desc=f"Converting {gguf_path.name}", unit="step") as bar:
+        _write_tensors(reader, config, out_dir, dtype, gguf_path, bar)
+        bar.set_postfix_str("tokenizer")
+        _write_tokenizer(gguf_path, out_dir)
+        bar.update(1)
     _write_generation_config(metadata, out_dir)
 
 
@@ -207,10 +211,9 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(2, 1).reshape(weight.shape)  # [Hx, 2, D/2, ...] -> [Hx*D, ...]
 
 
-def _write_tensors(reader: Any, config: Any, out_dir: Path, dtype: torch.dtype, gguf_path: Path) -> None:
+def _write_tensors(reader: Any, config: Any, out_dir: Path, dtype: torch.dtype, gguf_path: Path, bar: tqdm) -> None:
     from gguf.quants import dequantize
 
-    total_bytes = sum(int(tensor.n_bytes) for tensor in reader.tensors)
     shard: dict[str, torch.Tensor] = {}
     shard_bytes = 0
     shard_files: list[tuple[Path, list[str]]] = []
@@ -222,8 +225,7 @@ def _write_tensors(reader: Any, config: Any, out_dir: Path, dtype: torch.dtype, 
         shard_files.append((path, list(shard)))
         shard, shard_bytes = {}, 0
 
-    bar = tqdm(reader.tensors, desc=f"Converting {gguf_path.name}", disable=total_bytes < PROGRESS_MIN_BYTES)
-    for tensor in bar:
+    for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
             raise CheckpointError(f"GGUF file {gguf_path} has tensor {tensor.name!r} with no Llama equivalent")
@@ -239,6 +241,7 @@ def _write_tensors(reader: Any, config: Any, out_dir: Path, dtype: torch.dtype, 
         shard_bytes += shard[name].nbytes
         if shard_bytes >= SHARD_BYTES:
             flush()
+        bar.update(1)
     if shard:
         flush()
     _name_shards(shard_files, out_dir)

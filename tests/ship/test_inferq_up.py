@@ -6,6 +6,7 @@ The tests share one `inferq up` (module scope) and run in file order; the last o
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -13,12 +14,14 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from openai import OpenAI
 
 from tests.redis_server import free_port
@@ -46,15 +49,30 @@ class UpProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_up(home: Path, *flags: str) -> UpProcess:
-    """`inferq up` with HOME=home on a free port, once it says it is up (its children recorded)."""
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_up(
+    home: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+    sigint_ignored: bool = False,
+) -> UpProcess:
+    """`inferq up` with HOME=home (and `env`) on a free port, once it says it is up (its children recorded).
+
+    sigint_ignored: start it as a shell starts a background job (`inferq up &` in a script).
+    """
     port = free_port()
     log_path = home / f"inferq-up-{port}.log"
     argv = [*inferq_command(), "up", "--model", "default", "--device", "cpu", "--port", str(port), *flags]
+    env = child_env(HOME=str(home), **(env or {}))
+    preexec = _ignore_sigint if sigint_ignored else None
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, cwd=home, env=child_env(HOME=str(home)), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
     up = UpProcess(process, f"http://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while "inferq is up" not in up.log_text():
         if process.poll() is not None or time.monotonic() > deadline:
             stop_up(up)
@@ -106,6 +124,56 @@ def test_up_starts_redis_a_worker_and_the_api_and_says_how_to_call_it(inferq_up:
     home = inferq_up.log_path.parent
     assert list((home / ".cache" / "inferq" / "models").glob("SmolLM2-135M-Instruct*")), "no conversion in HOME"
     assert list((home / ".cache" / "inferq" / "redis").glob("appendonly*")), "the private Redis keeps its AOF"
+
+
+def test_the_wait_for_readiness_is_quiet_and_the_conversion_shows_its_progress(inferq_up: UpProcess) -> None:
+    text = inferq_up.log_text()
+    # The worker's heartbeat in Redis says when it serves; then one GET /ready checks the API.
+    probes = [line for line in text.splitlines() if re.search(r'"GET /(ready|health) HTTP', line)]
+    assert len(probes) == 1 and " 200 " in probes[0], probes
+    assert "a first start converts the packaged model" in text and "(a progress bar follows)" in text
+    assert re.search(r"Converting SmolLM2-135M-Instruct\.Q4_1\.gguf: 100%\|", text), text[-3000:]
+
+
+def test_the_banner_gives_the_private_redis_url_and_says_what_persists(inferq_up: UpProcess) -> None:
+    text = inferq_up.log_text()
+    match = re.search(r"Redis: +(redis://127\.0\.0\.1:\d+/0) ", text)
+    assert match, text[-3000:]
+    url = match.group(1)
+    assert f"export INFERQ_REDIS_URL={url}" in text
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        assert client.ping()
+        assert client.keys("inferq:worker:*"), "the printed Redis is not the one the worker serves from"
+    finally:
+        client.close()
+    data_dir = inferq_up.log_path.parent / ".cache" / "inferq" / "redis"
+    assert f"Data:     {data_dir} keeps the requests still queued or running when inferq stops" in text
+    assert "the next `inferq up` finishes them (`inferq up --fresh` empties it)" in text
+    assert "Worker:   restarted with back-off (1, 2, 4 ... 30 s) if it exits; the API and Redis stay up" in text
+    assert "API keys" not in text  # auth is off
+
+
+def test_a_job_put_into_the_printed_redis_url_is_answered(inferq_up: UpProcess) -> None:
+    """The README's submission through Redis, with the URL the banner printed."""
+    url = re.search(r"Redis: +(redis://\S+)", inferq_up.log_text()).group(1)
+    r = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        job = f"job-{uuid.uuid4().hex[:8]}"
+        r.xadd("inferq:requests", {"v": "1", "id": job, "prompt": "Once upon a time",
+                                   "params": json.dumps({"max_tokens": 8, "temperature": 0})})  # fmt: skip
+        last, events = "0-0", []
+        deadline = time.monotonic() + 60
+        while not events or events[-1]["type"] not in ("done", "error"):
+            assert time.monotonic() < deadline, events
+            for _, entries in r.xread({f"inferq:result:{job}": last}, block=1000) or []:
+                for entry_id, event in entries:
+                    events.append(event)
+                    last = entry_id
+        assert events[-1]["type"] == "done", events[-1]
+        assert "".join(e.get("text", "") for e in events).strip()
+    finally:
+        r.close()
 
 
 def test_openai_sdk_gets_a_real_answer(inferq_up: UpProcess) -> None:
