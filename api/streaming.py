@@ -9,6 +9,14 @@ after it, from any replica. The trailer (usage chunk when asked for, then `[DONE
 carries no id: per the SSE spec the last event id stays the last seq, and a reconnect
 after the last seq gets just the trailer again.
 A failure mid-stream is an error event in OpenAI's envelope, then `[DONE]`.
+
+Keep-alive: a stream that has sent nothing for `sse_ping_s` gets one comment line, `: ping`, with no
+blank line after it. NOTE: both halves matter to the clients most users run. A comment followed by a
+blank line (sse-starlette's own ping) makes the openai SDK's decoder dispatch an event there: the id
+seen last is still set, so it yields an empty event and fails on its JSON (and so LangChain and LiteLLM,
+which stream through it). And pings on a timer cut in while tokens flow; here they come only when the
+stream is idle, written as raw bytes so that sse-starlette frames nothing around them
+(docs/decisions/NNNN-sse-keep-alive.md).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from api.state import AppState
 log = logging.getLogger("inferq.api")
 
 DONE = "[DONE]"
+# A comment line alone: every SSE decoder skips it, and no blank line ends an event after it.
+KEEP_ALIVE = b": ping\n"
 
 
 def _error_event(message: str, code: str, event_id: int | None = None) -> dict[str, Any]:
@@ -59,8 +69,9 @@ async def relay(
     resume_after: int = 0,
     observer: RequestObserver | None = None,
     release_admission: bool = False,
-) -> AsyncIterator[dict[str, Any]]:
-    """SSE events (sse-starlette dicts) for one client, from `source` (opened at seq 0).
+) -> AsyncIterator[dict[str, Any] | bytes]:
+    """SSE events (sse-starlette dicts, and KEEP_ALIVE bytes while idle) for one client, from `source`
+    (opened at seq 0).
 
     Events up to `resume_after` were delivered before: they only advance the formatter.
     """
@@ -78,7 +89,10 @@ async def relay(
         tokenizer = await state.tokenizers.get(state.redis)
         formatter = ChunkFormatter(meta, tokenizer.tokenizer if tokenizer else None)
         started = False
-        async for event in source.events():
+        async for event in source.events(idle_s=state.settings.sse_ping_s):
+            if event is None:
+                yield KEEP_ALIVE
+                continue
             now = time.monotonic()
             if observer is not None:
                 observer.on_event(event.type, len(event.token_ids or []), now)
@@ -140,7 +154,7 @@ async def _leave(state: AppState, meta: RequestMeta, source: EventSource, comple
 def sse_response(state: AppState, meta: RequestMeta, events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
     return EventSourceResponse(
         events,
-        ping=state.settings.sse_ping_s,
+        ping=0,  # the relay writes its own keep-alives, only while idle (KEEP_ALIVE)
         sep="\n",
         headers={"X-Request-Id": meta.request_id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
