@@ -16,6 +16,7 @@ from fastapi import Request
 from api import attachments
 from api.errors import SERVER_ERROR, ApiError
 from api.events import BrokenEventStream, NotStarted
+from api.logprob_format import token_texts
 from api.openai_format import WholeResponse
 from api.state import AppState
 from api.submit import Accepted
@@ -48,7 +49,7 @@ async def _watch_disconnect(request: Request, scope: anyio.CancelScope, flag: li
 async def collect(state: AppState, accepted: Accepted, request: Request) -> dict[str, Any]:
     meta = accepted.meta
     tokenizer = await state.tokenizers.get(state.redis)
-    answer = WholeResponse(meta, tokenizer.tokenizer if tokenizer else None)
+    answer = WholeResponse(meta, token_texts(tokenizer))
     disconnected: list[bool] = []
     failure: Exception | None = None
     await attachments.attach(state, meta.request_id)

@@ -34,6 +34,7 @@ from sse_starlette import EventSourceResponse
 from api import attachments
 from api.errors import SERVER_ERROR, error_body
 from api.events import BrokenEventStream, EventSource, NotStarted
+from api.logprob_format import token_texts
 from api.metrics import RequestObserver
 from api.openai_format import ChunkFormatter, usage_of
 from api.request_meta import RequestMeta
@@ -87,7 +88,7 @@ async def relay(
     complete = False
     try:
         tokenizer = await state.tokenizers.get(state.redis)
-        formatter = ChunkFormatter(meta, tokenizer.tokenizer if tokenizer else None)
+        formatter = ChunkFormatter(meta, token_texts(tokenizer))
         started = False
         async for event in source.events(idle_s=state.settings.sse_ping_s):
             if event is None:
