@@ -1,6 +1,7 @@
 """A non-streamed answer: wait for every event of the request, answer one JSON body.
 
-The wait is bounded by `request_timeout_s` (504, and the request is cancelled). A client
+The wait is bounded by `request_timeout_s` (504, and the request is cancelled). A request cancelled meanwhile
+(POST /v1/requests/{id}/cancel from another connection) answers 499 with code `request_cancelled`. A client
 that hangs up while waiting cannot resume a response it never got the id of, so its
 request is cancelled at once.
 """
@@ -17,7 +18,7 @@ from api import attachments
 from api.errors import SERVER_ERROR, ApiError
 from api.events import BrokenEventStream, NotStarted
 from api.logprob_format import token_texts
-from api.openai_format import WholeResponse
+from api.openai_format import CANCELLED, OPENAI_FINISH_REASONS, WholeResponse, cancelled_message
 from api.state import AppState
 from api.submit import Accepted
 
@@ -34,8 +35,11 @@ async def _collect(state: AppState, accepted: Accepted, answer: WholeResponse) -
                 await state.admission.release(accepted.meta.request_id)
         if observer is not None:
             observer.on_event(event.type, len(event.token_ids or []), time.monotonic())
-        if event.type == "error":
-            raise ApiError(500, f"generation failed: {event.error}", type=SERVER_ERROR, code="generation_error")
+        if event.type == "error" or (event.type == "done" and event.finish_reason not in OPENAI_FINISH_REASONS):
+            if event.finish_reason == CANCELLED:
+                raise ApiError(499, cancelled_message(accepted.meta.request_id), code="request_cancelled")
+            error = event.error or f"finish_reason {event.finish_reason!r}"
+            raise ApiError(500, f"generation failed: {error}", type=SERVER_ERROR, code="generation_error")
         answer.add(event)
 
 

@@ -17,6 +17,19 @@ from api.logprob_format import CompletionLogprobs, Entry, TextOffsets, TokenText
 from api.request_meta import CHAT, RequestMeta
 from worker.protocol import ResultEvent
 
+# The finish reasons OpenAI's clients know. The wire's other two never reach a client as one: "abort" (the
+# request was cancelled) becomes a `request_cancelled` error, "error" a generation error
+# (docs/decisions/NNNN-cancelled-requests.md).
+OPENAI_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+CANCELLED = "abort"
+
+
+def cancelled_message(request_id: str) -> str:
+    return (
+        f"request {request_id} was cancelled (POST /v1/requests/{request_id}/cancel, or its client left and did "
+        "not come back within the resume grace period)"
+    )
+
 
 def usage_of(done_events: list[ResultEvent], meta: RequestMeta, fallback_completion_tokens: int) -> dict[str, int]:
     """Totals over the choices: the prompt counted once, completion tokens summed."""

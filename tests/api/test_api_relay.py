@@ -201,6 +201,32 @@ def test_error_of_a_whole_request_is_500_in_the_envelope(start_api, rclient, pre
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_a_cancelled_request_ends_in_a_request_cancelled_error_never_an_abort(start_api, rclient, prefix, stream):
+    """The worker ends a cancelled request's open choices with done/"abort" (choice 0 finished before): a
+    stream ends with the cancel error (its seq as id) and [DONE], no usage chunk; a whole request answers 499."""
+    publish_model(rclient, prefix)
+    api = start_api()
+    answer_later(
+        rclient, prefix,
+        lambda rid: [token(1, "a"), token(2, "b", index=1), done(3, "stop"), done(4, "abort", index=1)],
+    )  # fmt: skip
+    body = {**CHAT, "n": 2, "stream": stream} | ({"stream_options": {"include_usage": True}} if stream else {})
+    with api.client() as client:
+        response = client.post("/v1/chat/completions", json=body)
+    rid = response.headers["x-request-id"]
+    assert "abort" not in response.text
+    if stream:
+        events = parse_sse(response.text)
+        assert [e.get("id") for e in events] == ["1", "2", "3", "4", None] and events[-1]["data"] == "[DONE]"
+        assert [c["choices"][0]["finish_reason"] for c in chunks(events)[:3]] == [None, None, "stop"]
+        error = chunks(events)[-1]["error"]
+    else:
+        assert response.status_code == 499
+        error = response.json()["error"]
+    assert error["code"] == "request_cancelled" and f"request {rid} was cancelled" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_request_not_started_in_time_fails_and_is_cancelled(start_api, rclient, prefix, stream):
     """No worker ever takes it: past the queue timeout (+ slack) the API gives up and cancels."""
     import api.submit
