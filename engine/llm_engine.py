@@ -109,6 +109,9 @@ class LLMEngine(OutputProcessing):
         # Requests whose sampling reads their earlier tokens on the host (penalties): while any
         # runs, steps are synchronous.
         self._sync_request_ids: set[str] = set()
+        # Requests whose prefill computes prompt logprobs (engine/prompt_logprobs.py): while any runs, the runner
+        # looks for their chunks in each step.
+        self._prompt_logprob_ids: set[str] = set()
         self.last_step = StepRecord()
         self._num_steps = 0
         self._num_generated = 0
@@ -178,6 +181,8 @@ class LLMEngine(OutputProcessing):
             self.requests[internal_id] = request
             if _reads_history(params):
                 self._sync_request_ids.add(internal_id)
+            if request.prompt_logprobs is not None:
+                self._prompt_logprob_ids.add(internal_id)
             self._detokenizers[internal_id] = make_detokenizer(
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
@@ -260,7 +265,7 @@ class LLMEngine(OutputProcessing):
             self.last_step.duration_s = time.monotonic() - started
             return outputs
         try:
-            launched = self.runner.launch(sched)
+            launched = self.runner.launch(sched, prompt_logprobs=bool(self._prompt_logprob_ids))
         except Exception as exc:  # a failing forward fails its step's requests, never the engine
             logger.exception("step %d failed", self._num_steps)
             outputs += self._collect()

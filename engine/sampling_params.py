@@ -49,6 +49,8 @@ class SamplingParams:
         min_tokens: EOS and stop tokens are suppressed before this many tokens.
         ignore_eos: keep generating past EOS (benchmarks).
         logprobs: if set, return the chosen token's logprob and this many top alternatives.
+        prompt_logprobs: if set, return each prompt token's logprob given the tokens before it (none for the
+            first), with this many top alternatives; computed during prefill, which then bypasses the prefix cache.
         skip_special_tokens: drop special tokens from the detokenized text.
     """
 
@@ -69,6 +71,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -125,8 +128,10 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
 
     @property
     def is_greedy(self) -> bool:
