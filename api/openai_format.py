@@ -6,10 +6,16 @@ Streaming follows OpenAI's shapes exactly (what the official SDK parses):
 The assistant role rides on the first chunk of each choice (so every chunk maps to one
 result event and carries its seq as the SSE id). With include_usage every chunk has
 "usage": null and a last chunk with no choices carries the totals.
+
+Completions' echo (vLLM's): a choice's first chunk (or its whole text) starts with the prompt, and its logprobs with
+the prompt's tokens (the first one's logprob and top_logprobs null); text offsets count from the prompt's start.
+With max_tokens 0 the engine's one token is left out: the prompt alone, finish_reason "length", no completion
+tokens in the usage.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,14 +38,31 @@ def cancelled_message(request_id: str) -> str:
 
 
 def usage_of(done_events: list[ResultEvent], meta: RequestMeta, fallback_completion_tokens: int) -> dict[str, int]:
-    """Totals over the choices: the prompt counted once, completion tokens summed."""
+    """Totals over the choices: the prompt counted once, completion tokens summed (none shown: none counted)."""
     usages = [e.usage for e in done_events if isinstance(e.usage, dict)]
     if usages and len(usages) == len(done_events):
         prompt = int(usages[0].get("prompt_tokens", meta.prompt_tokens))
         completion = sum(int(u.get("completion_tokens", 0)) for u in usages)
     else:
         prompt, completion = meta.prompt_tokens, fallback_completion_tokens
+    if meta.echo_only:
+        completion = 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def echo_text(meta: RequestMeta, texts: TokenTexts) -> str:
+    """The prompt an echo shows: its text as sent, or its token ids decoded (their bytes, as UTF-8)."""
+    if meta.echo is None:
+        return ""
+    prompt = json.loads(meta.echo)
+    if isinstance(prompt, str):
+        return prompt
+    return b"".join(texts.get(int(token))[1] for token in prompt).decode("utf-8", "replace")
+
+
+def _shown_finish(meta: RequestMeta, finish_reason: str | None) -> str | None:
+    """max_tokens 0 ends by length, whatever ended the one token the engine generated."""
+    return "length" if meta.echo_only and finish_reason is not None else finish_reason
 
 
 class ChunkFormatter:
@@ -51,7 +74,8 @@ class ChunkFormatter:
         # NOTE: a resumed stream first replays the events before the resume point through
         # `chunk` (and drops the chunks), so the role, text offsets and usage stay right.
         self._role_sent: set[int] = set()
-        self._offsets: dict[int, TextOffsets] = {}
+        self._offsets: dict[int, TextOffsets] = {}  # per choice, from its first event on
+        self._echo: str | None = None
         self.done: list[ResultEvent] = []
         self.completion_tokens = 0
 
@@ -80,14 +104,29 @@ class ChunkFormatter:
             logprobs = {"content": chat_content(entries, self.texts)} if entries else None
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            entries = parse_entries(event.logprobs) if self.meta.logprobs is not None else []
-            offsets = self._offsets.setdefault(index, TextOffsets())
-            logprobs = CompletionLogprobs.empty().add(entries, self.texts, offsets).body() if entries else None
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            want = self.meta.logprobs is not None
+            entries = parse_entries(event.logprobs) if want else []
+            if self.meta.echo_only:
+                text, entries = "", []
+            logprobs = CompletionLogprobs.empty()
+            if index not in self._offsets:  # the choice's first event: the echo goes first
+                prompt = self._echo_text()
+                if self.meta.echo is not None and want:
+                    logprobs.add(parse_entries(event.prompt_logprobs), self.texts, TextOffsets())
+                text = prompt + text
+                self._offsets[index] = TextOffsets(len(prompt))
+            logprobs.add(entries, self.texts, self._offsets[index])
+            body = logprobs.body() if logprobs.tokens else None
+            choice = {"index": index, "text": text, "logprobs": body, "finish_reason": _shown_finish(self.meta, finish)}
         out = self._base() | {"choices": [choice]}
         if self.meta.include_usage:
             out["usage"] = None
         return out
+
+    def _echo_text(self) -> str:
+        if self._echo is None:
+            self._echo = echo_text(self.meta, self.texts)
+        return self._echo
 
     def usage_chunk(self) -> dict[str, Any]:
         return self._base() | {"choices": [], "usage": usage_of(self.done, self.meta, self.completion_tokens)}
@@ -97,6 +136,7 @@ class ChunkFormatter:
 class _Choice:
     text: list[str] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
+    prompt_entries: list[Entry] | None = None  # set by the choice's first event
     finish_reason: str | None = None
 
 
@@ -114,17 +154,22 @@ class WholeResponse:
         if not 0 <= event.index < self.meta.n:
             return
         choice = self.choices[event.index]
+        want = self.meta.logprobs is not None
+        if choice.prompt_entries is None:
+            choice.prompt_entries = parse_entries(event.prompt_logprobs) if want and self.meta.echo else []
         if event.type == "token":
-            choice.text.append(event.text or "")
             self.completion_tokens += len(event.token_ids or [])
-            if self.meta.logprobs is not None:
-                choice.entries.extend(parse_entries(event.logprobs))
+            if not self.meta.echo_only:
+                choice.text.append(event.text or "")
+                if want:
+                    choice.entries.extend(parse_entries(event.logprobs))
         elif event.type == "done":
             choice.finish_reason = event.finish_reason
             self.done.append(event)
 
     def body(self) -> dict[str, Any]:
         want_logprobs = self.meta.logprobs is not None
+        prompt = echo_text(self.meta, self.texts)
         choices = []
         for index, c in enumerate(self.choices):
             text = "".join(c.text)
@@ -135,12 +180,11 @@ class WholeResponse:
                     {"index": index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}
                 )
             else:
-                logprobs = (
-                    CompletionLogprobs.empty().add(c.entries, self.texts, TextOffsets()).body()
-                    if want_logprobs and c.entries
-                    else None
-                )
-                choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+                logprobs = CompletionLogprobs.empty().add(c.prompt_entries or [], self.texts, TextOffsets())
+                logprobs.add(c.entries, self.texts, TextOffsets(len(prompt)))
+                body = logprobs.body() if want_logprobs and logprobs.tokens else None
+                finish = _shown_finish(self.meta, c.finish_reason)
+                choices.append({"index": index, "text": prompt + text, "logprobs": body, "finish_reason": finish})
         return {
             "id": self.meta.request_id,
             "object": "chat.completion" if self.meta.kind == CHAT else "text_completion",

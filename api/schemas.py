@@ -2,8 +2,11 @@
 
 Decisions (a vLLM/OpenAI user would expect these):
 - Unknown fields are ignored, as OpenAI does. Fields of features inferq does not
-  implement (tools, functions, response_format other than text, audio, echo, ...)
+  implement (tools, functions, response_format other than text, audio, suffix, ...)
   are rejected with a 400 that names the field, never silently dropped.
+- Completions' `echo` returns the prompt before the output, with the prompt's logprobs
+  when `logprobs` is set (the first token's null), as vLLM does; `max_tokens: 0` is allowed
+  with echo only (lm-eval's log-likelihood requests: the prompt and its logprobs alone).
 - Types are strict: "0.5" is not a temperature, true is not an integer.
 - `prompt` is one prompt: a string, a list of token ids, or a list holding exactly one
   of those. Several prompts in one request are rejected (send one request per prompt).
@@ -13,6 +16,7 @@ Decisions (a vLLM/OpenAI user would expect these):
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -202,6 +206,9 @@ class ChatCompletionRequest(SamplingFields):
             raise FieldError("top_logprobs", "top_logprobs requires logprobs to be true")
         return self
 
+    def echo_fields(self, max_tokens: int) -> dict[str, Any]:
+        return {}  # chat has no echo
+
     def requested_max_tokens(self) -> int | None:
         # NOTE: max_completion_tokens is OpenAI's current name; it wins over the deprecated max_tokens.
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -228,6 +235,7 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[PromptText], Field(min_length=1, max_length=1)]
         | Annotated[list[PromptTokens], Field(min_length=1, max_length=1)]
     )
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None  # 0: with echo only (_echo)
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: StrictBool = False
     best_of: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
@@ -240,13 +248,35 @@ class CompletionRequest(SamplingFields):
             prompt = data.get("prompt")
             if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
                 raise FieldError("prompt", f"got {len(prompt)} prompts; send one prompt per request")
-        return reject_unsupported(data, {"echo": (None, False), "suffix": (None, "")})
+        return reject_unsupported(data, {"suffix": (None, "")})
 
     @model_validator(mode="after")
     def _best_of(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", f"best_of ({self.best_of}) must equal n ({self.n}); it is not supported")
         return self
+
+    @model_validator(mode="after")
+    def _echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError(
+                "max_tokens", "max_tokens must be at least 1; 0 is allowed only with echo (the prompt alone)"
+            )
+        return self
+
+    def engine_params(self, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
+        # NOTE: echo with max_tokens 0 still generates one token, as vLLM does (the engine samples after any
+        # prefill; the API does not show it, RequestMeta.echo_only); echo with logprobs asks for the prompt's.
+        params = super().engine_params(max(max_tokens, 1), logprobs)
+        if self.echo and logprobs is not None:
+            params["prompt_logprobs"] = logprobs
+        return params
+
+    def echo_fields(self, max_tokens: int) -> dict[str, Any]:
+        """RequestMeta's echo fields: the prompt as JSON, and whether the output is left out (max_tokens 0)."""
+        if not self.echo:
+            return {}
+        return {"echo": json.dumps(self.single_prompt(), ensure_ascii=False), "echo_only": max_tokens == 0}
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt, unwrapped from a one-element list."""

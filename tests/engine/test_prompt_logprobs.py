@@ -125,3 +125,16 @@ def test_only_requests_that_ask_pay_for_prompt_logprobs(tiny_llama_dir: Path) ->
     rows.clear()
     run(engine, {"x": (prompts[0], plain), "y": (prompts[1], SamplingParams(max_tokens=2, prompt_logprobs=1))})
     assert sum(rows) == 2 * 2 + 29
+
+
+def test_every_choice_of_n_gets_the_prompt_logprobs(tiny_llama_dir: Path, reference) -> None:
+    prompt = random_prompts(1, 49152, 40, 40, seed=24)[0]
+    engine = make_engine(tiny_llama_dir, max_num_batched_tokens=2048)
+    params = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=2, prompt_logprobs=TOP, ignore_eos=True)
+    engine.add_request("n2", prompt, params)
+    carried = {}
+    while engine.has_unfinished_requests():
+        carried |= {out.index: out.prompt_logprobs for out in engine.step() if out.prompt_logprobs is not None}
+    assert sorted(carried) == [0, 1]
+    for got in carried.values():
+        assert_matches(got, prompt, reference(prompt), TOP)
