@@ -1,6 +1,7 @@
 """A non-streamed answer: wait for every event of the request, answer one JSON body.
 
-The wait is bounded by `request_timeout_s` (504, and the request is cancelled). A client
+The wait is bounded by `request_timeout_s` (504, and the request is cancelled). A request cancelled meanwhile
+(POST /v1/requests/{id}/cancel from another connection) answers 499 with code `request_cancelled`. A client
 that hangs up while waiting cannot resume a response it never got the id of, so its
 request is cancelled at once.
 """
@@ -16,7 +17,8 @@ from fastapi import Request
 from api import attachments
 from api.errors import SERVER_ERROR, ApiError
 from api.events import BrokenEventStream, NotStarted
-from api.openai_format import WholeResponse
+from api.logprob_format import token_texts
+from api.openai_format import CANCELLED, OPENAI_FINISH_REASONS, WholeResponse, cancelled_message
 from api.state import AppState
 from api.submit import Accepted
 
@@ -33,8 +35,11 @@ async def _collect(state: AppState, accepted: Accepted, answer: WholeResponse) -
                 await state.admission.release(accepted.meta.request_id)
         if observer is not None:
             observer.on_event(event.type, len(event.token_ids or []), time.monotonic())
-        if event.type == "error":
-            raise ApiError(500, f"generation failed: {event.error}", type=SERVER_ERROR, code="generation_error")
+        if event.type == "error" or (event.type == "done" and event.finish_reason not in OPENAI_FINISH_REASONS):
+            if event.finish_reason == CANCELLED:
+                raise ApiError(499, cancelled_message(accepted.meta.request_id), code="request_cancelled")
+            error = event.error or f"finish_reason {event.finish_reason!r}"
+            raise ApiError(500, f"generation failed: {error}", type=SERVER_ERROR, code="generation_error")
         answer.add(event)
 
 
@@ -48,7 +53,7 @@ async def _watch_disconnect(request: Request, scope: anyio.CancelScope, flag: li
 async def collect(state: AppState, accepted: Accepted, request: Request) -> dict[str, Any]:
     meta = accepted.meta
     tokenizer = await state.tokenizers.get(state.redis)
-    answer = WholeResponse(meta, tokenizer.tokenizer if tokenizer else None)
+    answer = WholeResponse(meta, token_texts(tokenizer))
     disconnected: list[bool] = []
     failure: Exception | None = None
     await attachments.attach(state, meta.request_id)

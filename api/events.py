@@ -12,6 +12,9 @@ a fast path and a wake-up: an event is yielded only when every lower seq has bee
 yielded, reading the stream (XRANGE "(0-{last}" +) whenever the channel skips a seq,
 when the API (re)attaches, and every `poll_s` of silence (a lost pub/sub message,
 a Redis reconnect).
+
+`events(idle_s=...)` also yields None whenever `idle_s` pass without an event: the relay's cue for a
+keep-alive (api/streaming.py), which a stream whose tokens flow never needs.
 """
 
 from __future__ import annotations
@@ -102,8 +105,9 @@ class EventSource:
             expected += 1
         return events
 
-    async def events(self) -> AsyncIterator[ResultEvent]:
-        """Ordered events until the request is complete (all n choices done, or an error)."""
+    async def events(self, idle_s: float | None = None) -> AsyncIterator[ResultEvent | None]:
+        """Ordered events until the request is complete (all n choices done, or an error); with `idle_s`, None
+        each time that long passes without one (never while events arrive faster than that)."""
         if self._subscription is None:
             raise RuntimeError("EventSource.open() must be awaited before events()")
         # NOTE: the stream is read only once the channel is listened to: an event published before that
@@ -113,10 +117,13 @@ class EventSource:
             yield self._accept(event)
             if self.complete:
                 return
+        last_yield = time.monotonic()
         while not self.complete:
-            if self.start_deadline is not None and self.last_seq == 0 and time.monotonic() > self.start_deadline:
+            now = time.monotonic()
+            if self.start_deadline is not None and self.last_seq == 0 and now > self.start_deadline:
                 raise NotStarted(f"no worker started the request within {self.start_timeout_s:g} s")
-            data = await self._subscription.get(timeout=self.poll_s)
+            wait = self.poll_s if idle_s is None else max(0.0, min(self.poll_s, last_yield + idle_s - now))
+            data = await self._subscription.get(timeout=wait)
             if data is None:
                 backlog = await self._read_stream()
             else:
@@ -130,5 +137,9 @@ class EventSource:
                 backlog = [live] if live.seq == self.last_seq + 1 else await self._read_stream()
             for event in backlog:
                 yield self._accept(event)
+                last_yield = time.monotonic()
                 if self.complete:
                     return
+            if idle_s is not None and time.monotonic() - last_yield >= idle_s:
+                yield None
+                last_yield = time.monotonic()

@@ -6,105 +6,76 @@ Streaming follows OpenAI's shapes exactly (what the official SDK parses):
 The assistant role rides on the first chunk of each choice (so every chunk maps to one
 result event and carries its seq as the SSE id). With include_usage every chunk has
 "usage": null and a last chunk with no choices carries the totals.
+
+Completions' echo (vLLM's): a choice's first chunk (or its whole text) starts with the prompt, and its logprobs with
+the prompt's tokens (the first one's logprob and top_logprobs null); text offsets count from the prompt's start.
+With max_tokens 0 the engine's one token is left out: the prompt alone, finish_reason "length", no completion
+tokens in the usage.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.logprob_format import CompletionLogprobs, Entry, TextOffsets, TokenTexts, chat_content, parse_entries
 from api.request_meta import CHAT, RequestMeta
 from worker.protocol import ResultEvent
 
-# Token ids -> token strings for logprobs; None when no tokenizer is known.
-TokenNamer = Any
+# The finish reasons OpenAI's clients know. The wire's other two never reach a client as one: "abort" (the
+# request was cancelled) becomes a `request_cancelled` error, "error" a generation error
+# (docs/decisions/NNNN-cancelled-requests.md).
+OPENAI_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+CANCELLED = "abort"
 
 
-def _token_text(namer: TokenNamer, token_id: int, given: str | None = None) -> str:
-    if given is not None:
-        return given
-    if namer is not None:
-        text = namer.id_to_token(token_id)
-        if text is not None:
-            return text
-    return f"token_id:{token_id}"
-
-
-def _entries(raw: Any) -> list[dict[str, Any]]:
-    """The worker's per-token logprobs: a list of {token_id, logprob, top: {id: lp}} (top may be pairs)."""
-    if not isinstance(raw, list):
-        return []
-    entries = []
-    for item in raw:
-        if not isinstance(item, dict) or "logprob" not in item:
-            continue
-        top = item.get("top") or {}
-        if isinstance(top, list):
-            top = {int(t): lp for t, lp in top}
-        entries.append(
-            {
-                "token_id": int(item.get("token_id", -1)),
-                "token": item.get("token"),
-                "logprob": float(item["logprob"]),
-                "top": {int(k): float(v) for k, v in top.items()},
-            }
-        )
-    return entries
-
-
-def chat_logprobs(raw: Any, namer: TokenNamer) -> dict[str, Any] | None:
-    entries = _entries(raw)
-    if not entries:
-        return None
-    content = []
-    for e in entries:
-        token = _token_text(namer, e["token_id"], e["token"])
-        top = [
-            {"token": (t := _token_text(namer, tid)), "logprob": lp, "bytes": list(t.encode("utf-8"))}
-            for tid, lp in sorted(e["top"].items(), key=lambda kv: -kv[1])
-        ]
-        content.append(
-            {"token": token, "logprob": e["logprob"], "bytes": list(token.encode("utf-8")), "top_logprobs": top}
-        )
-    return {"content": content}
-
-
-def completion_logprobs(raw: Any, namer: TokenNamer, text_offset: int) -> dict[str, Any] | None:
-    entries = _entries(raw)
-    if not entries:
-        return None
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for e in entries:
-        token = _token_text(namer, e["token_id"], e["token"])
-        tokens.append(token)
-        token_logprobs.append(e["logprob"])
-        top_logprobs.append({_token_text(namer, tid): lp for tid, lp in e["top"].items()})
-        offsets.append(text_offset)
-        text_offset += len(token)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+def cancelled_message(request_id: str) -> str:
+    return (
+        f"request {request_id} was cancelled (POST /v1/requests/{request_id}/cancel, or its client left and did "
+        "not come back within the resume grace period)"
+    )
 
 
 def usage_of(done_events: list[ResultEvent], meta: RequestMeta, fallback_completion_tokens: int) -> dict[str, int]:
-    """Totals over the choices: the prompt counted once, completion tokens summed."""
+    """Totals over the choices: the prompt counted once, completion tokens summed (none shown: none counted)."""
     usages = [e.usage for e in done_events if isinstance(e.usage, dict)]
     if usages and len(usages) == len(done_events):
         prompt = int(usages[0].get("prompt_tokens", meta.prompt_tokens))
         completion = sum(int(u.get("completion_tokens", 0)) for u in usages)
     else:
         prompt, completion = meta.prompt_tokens, fallback_completion_tokens
+    if meta.echo_only:
+        completion = 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def echo_text(meta: RequestMeta, texts: TokenTexts) -> str:
+    """The prompt an echo shows: its text as sent, or its token ids decoded (their bytes, as UTF-8)."""
+    if meta.echo is None:
+        return ""
+    prompt = json.loads(meta.echo)
+    if isinstance(prompt, str):
+        return prompt
+    return b"".join(texts.get(int(token))[1] for token in prompt).decode("utf-8", "replace")
+
+
+def _shown_finish(meta: RequestMeta, finish_reason: str | None) -> str | None:
+    """max_tokens 0 ends by length, whatever ended the one token the engine generated."""
+    return "length" if meta.echo_only and finish_reason is not None else finish_reason
 
 
 class ChunkFormatter:
     """Turns one request's ordered events into streamed chunks."""
 
-    def __init__(self, meta: RequestMeta, namer: TokenNamer) -> None:
+    def __init__(self, meta: RequestMeta, texts: TokenTexts) -> None:
         self.meta = meta
-        self.namer = namer
+        self.texts = texts
         # NOTE: a resumed stream first replays the events before the resume point through
         # `chunk` (and drops the chunks), so the role, text offsets and usage stay right.
         self._role_sent: set[int] = set()
-        self._text_offset: dict[int, int] = {}
+        self._offsets: dict[int, TextOffsets] = {}  # per choice, from its first event on
+        self._echo: str | None = None
         self.done: list[ResultEvent] = []
         self.completion_tokens = 0
 
@@ -129,19 +100,33 @@ class ChunkFormatter:
                 self._role_sent.add(index)
             if event.type == "token" or "role" in delta:
                 delta["content"] = text
-            logprobs = chat_logprobs(event.logprobs, self.namer) if self.meta.logprobs is not None else None
+            entries = parse_entries(event.logprobs) if self.meta.logprobs is not None else []
+            logprobs = {"content": chat_content(entries, self.texts)} if entries else None
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            offset = self._text_offset.get(index, 0)
-            logprobs = (
-                completion_logprobs(event.logprobs, self.namer, offset) if self.meta.logprobs is not None else None
-            )
-            self._text_offset[index] = offset + len(text)
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            want = self.meta.logprobs is not None
+            entries = parse_entries(event.logprobs) if want else []
+            if self.meta.echo_only:
+                text, entries = "", []
+            logprobs = CompletionLogprobs.empty()
+            if index not in self._offsets:  # the choice's first event: the echo goes first
+                prompt = self._echo_text()
+                if self.meta.echo is not None and want:
+                    logprobs.add(parse_entries(event.prompt_logprobs), self.texts, TextOffsets())
+                text = prompt + text
+                self._offsets[index] = TextOffsets(len(prompt))
+            logprobs.add(entries, self.texts, self._offsets[index])
+            body = logprobs.body() if logprobs.tokens else None
+            choice = {"index": index, "text": text, "logprobs": body, "finish_reason": _shown_finish(self.meta, finish)}
         out = self._base() | {"choices": [choice]}
         if self.meta.include_usage:
             out["usage"] = None
         return out
+
+    def _echo_text(self) -> str:
+        if self._echo is None:
+            self._echo = echo_text(self.meta, self.texts)
+        return self._echo
 
     def usage_chunk(self) -> dict[str, Any]:
         return self._base() | {"choices": [], "usage": usage_of(self.done, self.meta, self.completion_tokens)}
@@ -150,16 +135,17 @@ class ChunkFormatter:
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
-    raw_logprobs: list[Any] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+    prompt_entries: list[Entry] | None = None  # set by the choice's first event
     finish_reason: str | None = None
 
 
 class WholeResponse:
     """Accumulates every event of a non-streamed request into one OpenAI response."""
 
-    def __init__(self, meta: RequestMeta, namer: TokenNamer) -> None:
+    def __init__(self, meta: RequestMeta, texts: TokenTexts) -> None:
         self.meta = meta
-        self.namer = namer
+        self.texts = texts
         self.choices = [_Choice() for _ in range(meta.n)]
         self.done: list[ResultEvent] = []
         self.completion_tokens = 0
@@ -168,29 +154,37 @@ class WholeResponse:
         if not 0 <= event.index < self.meta.n:
             return
         choice = self.choices[event.index]
+        want = self.meta.logprobs is not None
+        if choice.prompt_entries is None:
+            choice.prompt_entries = parse_entries(event.prompt_logprobs) if want and self.meta.echo else []
         if event.type == "token":
-            choice.text.append(event.text or "")
             self.completion_tokens += len(event.token_ids or [])
-            if isinstance(event.logprobs, list):
-                choice.raw_logprobs.extend(event.logprobs)
+            if not self.meta.echo_only:
+                choice.text.append(event.text or "")
+                if want:
+                    choice.entries.extend(parse_entries(event.logprobs))
         elif event.type == "done":
             choice.finish_reason = event.finish_reason
             self.done.append(event)
 
     def body(self) -> dict[str, Any]:
         want_logprobs = self.meta.logprobs is not None
+        prompt = echo_text(self.meta, self.texts)
         choices = []
         for index, c in enumerate(self.choices):
             text = "".join(c.text)
             if self.meta.kind == CHAT:
-                logprobs = chat_logprobs(c.raw_logprobs, self.namer) if want_logprobs else None
+                logprobs = {"content": chat_content(c.entries, self.texts)} if want_logprobs and c.entries else None
                 message = {"role": "assistant", "content": text}
                 choices.append(
                     {"index": index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}
                 )
             else:
-                logprobs = completion_logprobs(c.raw_logprobs, self.namer, 0) if want_logprobs else None
-                choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+                logprobs = CompletionLogprobs.empty().add(c.prompt_entries or [], self.texts, TextOffsets())
+                logprobs.add(c.entries, self.texts, TextOffsets(len(prompt)))
+                body = logprobs.body() if want_logprobs and logprobs.tokens else None
+                finish = _shown_finish(self.meta, c.finish_reason)
+                choices.append({"index": index, "text": prompt + text, "logprobs": body, "finish_reason": finish})
         return {
             "id": self.meta.request_id,
             "object": "chat.completion" if self.meta.kind == CHAT else "text_completion",

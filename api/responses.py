@@ -100,7 +100,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         422: "Idempotency-Key reused with another body",
         429: "Rate limited",
         431: "Headers too large",
-        499: "Client closed the request",
+        499: "Client closed the request, or the request was cancelled",
         500: "Generation failed",
         503: "Overloaded, or no worker",
         504: "Timed out",

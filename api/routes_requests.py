@@ -81,7 +81,7 @@ async def resume_stream(
 
 @router.post("/v1/requests/{request_id}/cancel", response_model=CancelResult, responses=error_responses(400, 401, 404))
 async def cancel_request(request_id: RequestId, request: Request, caller: AuthorizedCaller) -> CancelResult:
-    """Ask the worker to stop the request (it ends with finish_reason "abort"); False if it had finished."""
+    """Ask the worker to stop the request (its clients get a `request_cancelled` error); False if it had finished."""
     state = app_state(request)
     meta = await _owned(state, request_id, caller)
     if await attachments.is_finished(state, meta.result_stream, meta.n):

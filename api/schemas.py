@@ -2,8 +2,11 @@
 
 Decisions (a vLLM/OpenAI user would expect these):
 - Unknown fields are ignored, as OpenAI does. Fields of features inferq does not
-  implement (tools, functions, response_format other than text, audio, echo, ...)
+  implement (tools, functions, response_format other than text, audio, suffix, ...)
   are rejected with a 400 that names the field, never silently dropped.
+- Completions' `echo` returns the prompt before the output, with the prompt's logprobs
+  when `logprobs` is set (the first token's null), as vLLM does; `max_tokens: 0` is allowed
+  with echo only (lm-eval's log-likelihood requests: the prompt and its logprobs alone).
 - Types are strict: "0.5" is not a temperature, true is not an integer. An integral
   float (5.0) is an integer, as JSON Schema and vLLM have it (api/field_types.py).
 - Every number has both bounds, published in the OpenAPI document; so are the rules
@@ -18,6 +21,7 @@ Decisions (a vLLM/OpenAI user would expect these):
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -60,6 +64,9 @@ from api.unsupported import invalid_unicode_path, is_one_of, reject_unsupported,
 StopString = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
 MaxTokens = integer(1, description="At least 1; prompt + max_tokens must fit the model's context (max_model_len).")
 MinTokens = integer(0, description="At least 0 and at most max_tokens.")
+CompletionMaxTokens = integer(
+    0, description="At least 1, or 0 with echo (the prompt alone); prompt + max_tokens must fit max_model_len."
+)
 Temperature = number(
     0.0,
     MAX_TEMPERATURE,
@@ -101,6 +108,16 @@ def _requires(field: str, partner: str, value: Any) -> dict[str, Any]:
         "anyOf": [
             {"properties": {field: {"type": "null"}}},  # also holds where `field` is absent
             {"properties": {partner: {"const": value}}, "required": [partner]},
+        ]
+    }
+
+
+def _zero_only_with(field: str, partner: str) -> dict[str, Any]:
+    """JSON Schema: `field` may be 0 only where `partner` is true."""
+    return {
+        "anyOf": [
+            {"properties": {field: {"not": {"const": 0}}}},  # also holds where `field` is absent
+            {"properties": {partner: {"const": True}}, "required": [partner]},
         ]
     }
 
@@ -279,6 +296,9 @@ class ChatCompletionRequest(SamplingFields):
             raise FieldError("top_logprobs", "top_logprobs requires logprobs to be true")
         return self
 
+    def echo_fields(self, max_tokens: int) -> dict[str, Any]:
+        return {}  # chat has no echo
+
     def requested_max_tokens(self) -> int | None:
         # NOTE: max_completion_tokens is OpenAI's current name; it wins over the deprecated max_tokens.
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -313,7 +333,9 @@ def _best_of_equals_n() -> dict[str, Any]:
 
 class CompletionRequest(SamplingFields):
     model_config = ConfigDict(
-        json_schema_extra=_publish_rules(_best_of_equals_n(), _requires("stream_options", "stream", True))
+        json_schema_extra=_publish_rules(
+            _best_of_equals_n(), _requires("stream_options", "stream", True), _zero_only_with("max_tokens", "echo")
+        )
     )
 
     prompt: (
@@ -322,8 +344,11 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[PromptText], Field(min_length=1, max_length=1)]
         | Annotated[list[PromptTokens], Field(min_length=1, max_length=1)]  # type: ignore[valid-type]
     )
+    max_tokens: CompletionMaxTokens | None = None  # type: ignore[valid-type]
     logprobs: Logprobs | None = None  # type: ignore[valid-type]
-    echo: Literal[False] | None = Field(False, description="Not supported: only false.")
+    echo: StrictBool | None = Field(
+        False, description="Return the prompt before the output (and its logprobs when logprobs is set)."
+    )
     best_of: BestOf | None = None  # type: ignore[valid-type]
     suffix: Literal[""] | None = Field(None, description='Not supported: only "".')
 
@@ -334,13 +359,35 @@ class CompletionRequest(SamplingFields):
             prompt = data.get("prompt")
             if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
                 raise FieldError("prompt", f"got {len(prompt)} prompts; send one prompt per request")
-        return reject_unsupported(data, {"echo": (None, False), "suffix": (None, "")})
+        return reject_unsupported(data, {"suffix": (None, "")})
 
     @model_validator(mode="after")
     def _best_of(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise FieldError("best_of", f"best_of ({self.best_of}) must equal n ({self.n}); it is not supported")
         return self
+
+    @model_validator(mode="after")
+    def _echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError(
+                "max_tokens", "max_tokens must be at least 1; 0 is allowed only with echo (the prompt alone)"
+            )
+        return self
+
+    def engine_params(self, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
+        # NOTE: echo with max_tokens 0 still generates one token, as vLLM does (the engine samples after any
+        # prefill; the API does not show it, RequestMeta.echo_only); echo with logprobs asks for the prompt's.
+        params = super().engine_params(max(max_tokens, 1), logprobs)
+        if self.echo and logprobs is not None:
+            params["prompt_logprobs"] = logprobs
+        return params
+
+    def echo_fields(self, max_tokens: int) -> dict[str, Any]:
+        """RequestMeta's echo fields: the prompt as JSON, and whether the output is left out (max_tokens 0)."""
+        if not self.echo:
+            return {}
+        return {"echo": json.dumps(self.single_prompt(), ensure_ascii=False), "echo_only": max_tokens == 0}
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt, unwrapped from a one-element list."""

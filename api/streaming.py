@@ -8,7 +8,16 @@ that reconnects with `Last-Event-ID: 7` (or `?last_event_id=7`) gets exactly the
 after it, from any replica. The trailer (usage chunk when asked for, then `[DONE]`)
 carries no id: per the SSE spec the last event id stays the last seq, and a reconnect
 after the last seq gets just the trailer again.
-A failure mid-stream is an error event in OpenAI's envelope, then `[DONE]`.
+A failure mid-stream is an error event in OpenAI's envelope, then `[DONE]`; so is a cancelled request
+(`code: request_cancelled`): a client never sees a finish_reason OpenAI does not have.
+
+Keep-alive: a stream that has sent nothing for `sse_ping_s` gets one comment line, `: ping`, with no
+blank line after it. NOTE: both halves matter to the clients most users run. A comment followed by a
+blank line (sse-starlette's own ping) makes the openai SDK's decoder dispatch an event there: the id
+seen last is still set, so it yields an empty event and fails on its JSON (and so LangChain and LiteLLM,
+which stream through it). And pings on a timer cut in while tokens flow; here they come only when the
+stream is idle, written as raw bytes so that sse-starlette frames nothing around them
+(docs/decisions/NNNN-sse-keep-alive.md).
 """
 
 from __future__ import annotations
@@ -24,16 +33,20 @@ from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse
 
 from api import attachments
-from api.errors import SERVER_ERROR, error_body
+from api.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from api.events import BrokenEventStream, EventSource, NotStarted
+from api.logprob_format import token_texts
 from api.metrics import RequestObserver
-from api.openai_format import ChunkFormatter, usage_of
+from api.openai_format import CANCELLED, OPENAI_FINISH_REASONS, ChunkFormatter, cancelled_message, usage_of
 from api.request_meta import RequestMeta
 from api.state import AppState
+from worker.protocol import ResultEvent
 
 log = logging.getLogger("inferq.api")
 
 DONE = "[DONE]"
+# A comment line alone: every SSE decoder skips it, and no blank line ends an event after it.
+KEEP_ALIVE = b": ping\n"
 
 
 def _error_event(message: str, code: str, event_id: int | None = None) -> dict[str, Any]:
@@ -41,6 +54,15 @@ def _error_event(message: str, code: str, event_id: int | None = None) -> dict[s
     if event_id is not None:
         event["id"] = str(event_id)
     return event
+
+
+def _end_event(meta: RequestMeta, event: ResultEvent) -> dict[str, Any]:
+    """The error event that ends a stream at a failed or cancelled request (a result event of type "error", or
+    of type "done" with a finish reason OpenAI's clients do not know)."""
+    if event.type == "done" and event.finish_reason == CANCELLED:
+        body = error_body(cancelled_message(meta.request_id), type=INVALID_REQUEST, code="request_cancelled")
+        return {"id": str(event.seq), "data": json.dumps(body)}
+    return _error_event(event.error or "generation failed", "generation_error", event.seq)
 
 
 def _redis_error_event(meta: RequestMeta, exc: RedisError) -> dict[str, Any]:
@@ -59,8 +81,9 @@ async def relay(
     resume_after: int = 0,
     observer: RequestObserver | None = None,
     release_admission: bool = False,
-) -> AsyncIterator[dict[str, Any]]:
-    """SSE events (sse-starlette dicts) for one client, from `source` (opened at seq 0).
+) -> AsyncIterator[dict[str, Any] | bytes]:
+    """SSE events (sse-starlette dicts, and KEEP_ALIVE bytes while idle) for one client, from `source`
+    (opened at seq 0).
 
     Events up to `resume_after` were delivered before: they only advance the formatter.
     """
@@ -76,15 +99,20 @@ async def relay(
     complete = False
     try:
         tokenizer = await state.tokenizers.get(state.redis)
-        formatter = ChunkFormatter(meta, tokenizer.tokenizer if tokenizer else None)
+        formatter = ChunkFormatter(meta, token_texts(tokenizer))
         started = False
-        async for event in source.events():
+        ended: str | None = None  # "error" or "abort": the stream ends with an error event
+        async for event in source.events(idle_s=state.settings.sse_ping_s):
+            if event is None:
+                yield KEEP_ALIVE
+                continue
             now = time.monotonic()
             if observer is not None:
                 observer.on_event(event.type, len(event.token_ids or []), now)
-            if event.type == "error":
+            if event.type == "error" or (event.type == "done" and event.finish_reason not in OPENAI_FINISH_REASONS):
+                ended = (event.finish_reason if event.type == "done" else None) or "error"
                 if event.seq > resume_after:
-                    yield _error_event(event.error or "generation failed", "generation_error", event.seq)
+                    yield _end_event(meta, event)
                 break
             chunk = formatter.chunk(event)
             if event.seq > resume_after:
@@ -96,11 +124,11 @@ async def relay(
                 started = True
                 if release_admission:
                     await state.admission.release(meta.request_id)
-        if not source.failed and meta.include_usage:
+        if ended is None and meta.include_usage:
             yield {"data": json.dumps(formatter.usage_chunk())}
         complete = True
         if observer is not None:
-            reasons = [e.finish_reason or "error" for e in formatter.done] or ["error"]
+            reasons = [e.finish_reason or "error" for e in formatter.done] + ([ended] if ended else []) or ["error"]
             observer.on_finish(reasons, usage_of(formatter.done, meta, formatter.completion_tokens), time.monotonic())
         yield {"data": DONE}
     except NotStarted as exc:
@@ -140,7 +168,7 @@ async def _leave(state: AppState, meta: RequestMeta, source: EventSource, comple
 def sse_response(state: AppState, meta: RequestMeta, events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
     return EventSourceResponse(
         events,
-        ping=state.settings.sse_ping_s,
+        ping=0,  # the relay writes its own keep-alives, only while idle (KEEP_ALIVE)
         sep="\n",
         headers={"X-Request-Id": meta.request_id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -213,6 +213,7 @@ async def _enqueue(
         logprobs=body.engine_logprobs(),
         prompt_tokens=queued_tokens,
         result_stream=state.keys.wire.result(request_id),
+        **body.echo_fields(max_tokens),
     )
     # deadline and created are stamped just before the message is sent (_stamped_fields).
     message = RequestMessage(

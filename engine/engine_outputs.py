@@ -2,18 +2,41 @@
 and RequestOutputs.
 
 A mixin of engine.llm_engine.LLMEngine, split out by idea; it uses the engine's scheduler,
-requests, _children, _detokenizers, _sync_request_ids, max_model_len and _num_generated.
+requests, _children, _detokenizers, _sync_request_ids, _prompt_logprob_ids, max_model_len and _num_generated.
 """
 
 from __future__ import annotations
 
 from engine.launched_step import ModelRunnerOutput
-from engine.outputs import RequestOutput
+from engine.outputs import PromptLogprobs, RequestOutput
 from engine.request import FinishReason, Request, RequestStatus
 
 
 class OutputProcessing:
     def _process(self, result: ModelRunnerOutput) -> list[RequestOutput]:
+        if result.prompt_logprobs:
+            return self._process_with_prompt_logprobs(result)
+        return self._process_tokens(result)
+
+    def _process_with_prompt_logprobs(self, result: ModelRunnerOutput) -> list[RequestOutput]:
+        """The step's prompt logprobs go to their requests; a request whose prompt logprobs are complete hands
+        them over with its first token's output (its last prompt chunk is the step that samples that token)."""
+        complete = {}
+        for request, start, logprobs in result.prompt_logprobs:
+            request.add_prompt_logprobs(start, logprobs)
+            if request.prompt_logprobs is not None and not request.computes_prompt_logprobs:
+                complete[(request.parent_id or request.request_id, request.choice_index)] = request
+        outputs = self._process_tokens(result)
+        for out in outputs:
+            request = complete.get((out.request_id, out.index))
+            if request is not None and out.new_token_ids:
+                out.prompt_logprobs = PromptLogprobs(list(request.prompt_token_ids), request.prompt_logprobs)
+        for request in complete.values():
+            request.prompt_logprobs = None  # delivered, or its request ended without a token
+            self._prompt_logprob_ids.discard(request.request_id)
+        return outputs
+
+    def _process_tokens(self, result: ModelRunnerOutput) -> list[RequestOutput]:
         # NOTE: this runs for every running request at every step (256 a step under load), so the
         # common case (a token, no logprobs, no stop) is written inline: no helper calls, the
         # output built positionally, the stop checks against what the request computed once
@@ -97,6 +120,7 @@ class OutputProcessing:
         self.requests.pop(request.request_id, None)
         self._detokenizers.pop(request.request_id, None)
         self._sync_request_ids.discard(request.request_id)
+        self._prompt_logprob_ids.discard(request.request_id)
         parent = request.parent_id or request.request_id
         siblings = self._children.get(parent, [])
         if all(sid not in self.requests for sid in siblings):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,12 +19,14 @@ from engine.step_timer import StepClock
 
 @dataclass
 class ModelRunnerOutput:
-    """Per sampling request (in scheduling order): its new token, logprob and error."""
+    """Per sampling request (in scheduling order): its new token, logprob and error; and the prompt logprobs of
+    the step's chunks that computed some (engine/prompt_logprobs.py): (request, first position, logprobs)."""
 
     requests: list[Request]
     token_ids: list[int]
     logprobs: list[Logprob | None]
     errors: list[str | None]
+    prompt_logprobs: list[tuple[Request, int, list[Logprob]]] = field(default_factory=list)
 
 
 @dataclass

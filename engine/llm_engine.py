@@ -110,6 +110,9 @@ class LLMEngine(OutputProcessing):
         # Requests whose sampling reads their earlier tokens on the host (penalties): while any
         # runs, steps are synchronous.
         self._sync_request_ids: set[str] = set()
+        # Requests whose prefill computes prompt logprobs (engine/prompt_logprobs.py): while any runs, the runner
+        # looks for their chunks in each step.
+        self._prompt_logprob_ids: set[str] = set()
         self.last_step = StepRecord()
         self._num_steps = 0
         self._num_generated = 0
@@ -180,6 +183,8 @@ class LLMEngine(OutputProcessing):
             self.requests[internal_id] = request
             if _reads_history(params):
                 self._sync_request_ids.add(internal_id)
+            if request.prompt_logprobs is not None:
+                self._prompt_logprob_ids.add(internal_id)
             self._detokenizers[internal_id] = make_detokenizer(
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
@@ -236,7 +241,7 @@ class LLMEngine(OutputProcessing):
             outputs += self._collect()
         else:
             try:
-                launched = self.runner.launch(sched)
+                launched = self.runner.launch(sched, prompt_logprobs=bool(self._prompt_logprob_ids))
             except Exception as exc:  # one request's failure must not fail the others: see _relaunch_alone
                 logger.exception("step %d failed", self._num_steps)
                 outputs += self._collect()  # the step before: no token of these requests stays pending
@@ -317,7 +322,7 @@ class LLMEngine(OutputProcessing):
                 continue
             alone = SchedulerOutput([item])
             try:
-                launched = self.runner.launch(alone)
+                launched = self.runner.launch(alone, prompt_logprobs=bool(self._prompt_logprob_ids))
             except Exception as alone_exc:
                 logger.warning("request %s fails a step of its own: %s", item.request.request_id, alone_exc)
                 outputs += self._fail([item], f"{type(alone_exc).__name__}: {alone_exc}")

@@ -36,6 +36,7 @@ from engine.kv_cache import (
     reserve_activation_room,
 )
 from engine.launched_step import LaunchedStep, ModelRunnerOutput, SampledTokens, timer_hook
+from engine.prompt_logprobs import PromptChunk, step_prompt_logprobs
 from engine.request import Request
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
@@ -209,9 +210,12 @@ class ModelRunner:
         return meta, tensor(positions, torch.int64)
 
     # ---- one step -------------------------------------------------------
-    def launch(self, sched: SchedulerOutput) -> LaunchedStep:
+    def launch(self, sched: SchedulerOutput, *, prompt_logprobs: bool = False) -> LaunchedStep:
         """Stages the step, queues its forward pass and sampling on the device and returns without
         waiting for them; `LaunchedStep.result()` reads the tokens.
+
+        prompt_logprobs: some request computes prompt logprobs (the engine knows): the step's chunks of such
+        requests get them from the hidden states, here, before returning (it waits for the device).
 
         NOTE: a decode row whose token the host has not read yet (async scheduling: sampled by
         the step launched just before this one) takes it from that step's device tensor. The
@@ -219,13 +223,13 @@ class ModelRunner:
         steps in flight at most: the host buffers the tokens arrive in alternate).
         """
         try:
-            return self._launch(sched)
+            return self._launch(sched, prompt_logprobs)
         except BaseException:
             self.inputs.invalidate_tables()  # the device's block table may not hold what the host recorded
             raise
 
     @torch.inference_mode()
-    def _launch(self, sched: SchedulerOutput) -> LaunchedStep:
+    def _launch(self, sched: SchedulerOutput, prompt_logprobs: bool) -> LaunchedStep:
         clock = self.timer.begin() if self.timer is not None else None
         items = sched.scheduled
         num_tokens = sched.num_scheduled_tokens
@@ -243,11 +247,12 @@ class ModelRunner:
         else:
             out = GraphOutputs(self._forward(step.input_ids, step.positions, step.meta))  # [T, H]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
+        prompt_chunks = step_prompt_logprobs(self.model, out.hidden, items) if prompt_logprobs else []
         if not requests:
             self._last_sampled = None
             if clock is not None:
                 clock.launched()
-            return LaunchedStep([], _nothing_sampled, on_done)
+            return LaunchedStep([], _with_prompt_chunks(_nothing_sampled, prompt_chunks), on_done)
         if out.tokens is not None:  # the graph sampled: [2, b], rows 0..S-1 are the requests'
             token_ids, read = self._read_later(out.tokens, requests)
         else:
@@ -266,7 +271,7 @@ class ModelRunner:
         self._last_sampled = SampledTokens(token_ids, requests)
         if clock is not None:
             clock.launched()
-        return LaunchedStep(requests, read, on_done)
+        return LaunchedStep(requests, _with_prompt_chunks(read, prompt_chunks), on_done)
 
     def _logits(self, out: GraphOutputs, step: StepInputs) -> torch.Tensor:
         """The sampling rows' logits [S, V] in the model's dtype (LMHead widen=False: greedy and the sampling
@@ -319,6 +324,21 @@ def _non_finite(request: Request) -> str:
 
 def _nothing_sampled() -> ModelRunnerOutput:
     return ModelRunnerOutput([], [], [], [])
+
+
+def _with_prompt_chunks(
+    read: Callable[[], ModelRunnerOutput], chunks: list[PromptChunk]
+) -> Callable[[], ModelRunnerOutput]:
+    """`read`, its output carrying the step's prompt logprobs (the same `read` where there are none)."""
+    if not chunks:
+        return read
+
+    def read_with_chunks() -> ModelRunnerOutput:
+        output = read()
+        output.prompt_logprobs = chunks
+        return output
+
+    return read_with_chunks
 
 
 def _is_plain_greedy(request: Request) -> bool:

@@ -22,6 +22,7 @@ class RequestOutput:
         num_prompt_tokens: prompt length (without resumed output).
         num_output_tokens: tokens generated so far, resumed ones included.
         error: message when finish_reason is "error".
+        prompt_logprobs: with the choice's first token, when the request asked for them.
     """
 
     request_id: str
@@ -34,6 +35,20 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+@dataclass
+class PromptLogprobs:
+    """A prompt's tokens and the logprob of each after the first, given the tokens before it.
+
+    Args:
+        token_ids: the prompt.
+        logprobs: logprobs[i] is token_ids[i + 1]'s, with the top alternatives asked for.
+    """
+
+    token_ids: list[int]
+    logprobs: list[Logprob]
 
 
 @dataclass

@@ -83,6 +83,9 @@ class Request:
     # prompt + every output token allowed (max_tokens, max_model_len): LLMEngine.add_request always sets it, and
     # the engine's output loop stops a request at it; None only for requests the scheduler tests build
     max_num_tokens: int | None = None
+    # the logprobs of prompt tokens 1.. so far (entry i is token i + 1's), while the request computes them: asked
+    # for (prompt_logprobs) and not resumed (a resumed request's first run delivered them); None once delivered
+    prompt_logprobs: list[Logprob] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -93,6 +96,21 @@ class Request:
         self.stop_token_set: frozenset[int] = frozenset(params.stop_token_ids).union(
             () if params.ignore_eos else self.eos_token_ids
         )
+        if params.prompt_logprobs is not None and self.num_prior_output_tokens == 0:
+            self.prompt_logprobs = []
+
+    @property
+    def computes_prompt_logprobs(self) -> bool:
+        """Its prefill computes prompt logprobs (so it takes no cached prefix: every position's logits are needed)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1
+
+    def add_prompt_logprobs(self, start: int, logprobs: list[Logprob]) -> None:
+        """The logprobs of prompt tokens start + 1, start + 2, ...; those already held (a chunk computed again after
+        a preemption) are skipped."""
+        held = self.prompt_logprobs
+        if held is None or start > len(held):
+            return
+        held.extend(logprobs[len(held) - start :])
 
     @property
     def num_prompt_tokens(self) -> int:

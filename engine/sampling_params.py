@@ -27,10 +27,11 @@ SAMPLING_LIMITS: dict[str, tuple[int | float, int | float]] = {
     "max_tokens": (1, INT32_MAX),
     "min_tokens": (0, INT32_MAX),
     "logprobs": (0, 20),
+    "prompt_logprobs": (0, 20),
 }
-INTEGER_PARAMS = frozenset({"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"})
+INTEGER_PARAMS = frozenset({"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"})
 EXCLUSIVE_LOW = frozenset({"top_p"})
-OPTIONAL_PARAMS = frozenset({"seed", "max_tokens", "logprobs", "logit_bias"})
+OPTIONAL_PARAMS = frozenset({"seed", "max_tokens", "logprobs", "prompt_logprobs", "logit_bias"})
 LOGIT_BIAS_LIMITS = (-100.0, 100.0)
 MAX_LOGIT_BIAS_ENTRIES = 300
 TOKEN_ID_LIMITS = (0, INT32_MAX)
@@ -105,6 +106,9 @@ class SamplingParams:
         min_tokens: EOS and stop tokens are suppressed before this many tokens (at most max_tokens).
         ignore_eos: keep generating past EOS (benchmarks).
         logprobs: if set, return the chosen token's logprob and this many top alternatives (at most 20).
+        prompt_logprobs: if set, return each prompt token's logprob given the tokens before it (none for the
+            first), with this many top alternatives (at most 20); computed during prefill, which then bypasses
+            the prefix cache.
         skip_special_tokens: drop special tokens from the detokenized text.
     """
 
@@ -125,6 +129,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

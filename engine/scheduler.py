@@ -155,7 +155,8 @@ class Scheduler:
             # NOTE: a waiting request has no pending token: one preempted with a token pending is
             # never admitted in the same step (no admission after a preemption), and the engine
             # reads every pending token before it schedules the step after.
-            computed = self.block_manager.get_computed_blocks(request)
+            # a request that computes prompt logprobs needs every prompt position's logits: no cached prefix
+            computed = [] if request.computes_prompt_logprobs else self.block_manager.get_computed_blocks(request)
             num_computed = len(computed) * self.block_manager.block_size
             num_new = min(request.num_tokens - num_computed, budget)
             request.num_computed_tokens = num_computed

@@ -77,3 +77,9 @@ def logprobs_to_json(logprobs: list | None) -> list[dict] | None:
         {"token_id": lp.token_id, "logprob": lp.logprob, "top": {str(t): v for t, v in (lp.top or {}).items()}}
         for lp in logprobs
     ]
+
+
+def prompt_logprobs_to_json(prompt) -> list[dict]:
+    """Engine PromptLogprobs -> one entry per prompt token, the first with logprob None (nothing predicts it)."""
+    first = {"token_id": prompt.token_ids[0], "logprob": None, "top": {}}
+    return [first, *logprobs_to_json(prompt.logprobs)]

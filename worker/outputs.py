@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.job import Job, logprobs_to_json
+from worker.job import Job, logprobs_to_json, prompt_logprobs_to_json
 from worker.publisher import Batch, EventWrite
 from worker.token_events import TokenEvents
 
@@ -47,6 +47,8 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
             texts.append(out.new_text)
             token_ids.append(list(new_tokens))
             logprobs_of.append(None if out.new_logprobs is None else logprobs_to_json(out.new_logprobs))
+            if out.prompt_logprobs is not None:
+                tokens.prompt_logprobs[len(seqs) - 1] = prompt_logprobs_to_json(out.prompt_logprobs)
         if out.finished:
             ends.append(out)
             if out.finish_reason == "error":

@@ -286,8 +286,8 @@ class Publisher(SubmissionCounter):
 
     def _event_writes(self, batch: Batch) -> tuple[list[tuple], list[tuple[str, str, int]]]:
         """The script's (stream, id, channel, payload, expire, fields) for every event of the batch, in write order,
-        and each one's (request id, stream, seq). Token events without logprobs are encoded straight from their
-        columns (encode_token_for_write); the rest through their ResultEvent."""
+        and each one's (request id, stream, seq). Token events without logprobs (or prompt logprobs) are encoded
+        straight from their columns (encode_token_for_write); the rest through their ResultEvent."""
         now = time.monotonic()
         refresh_after = self.result_ttl_s * EXPIRE_REFRESH_FRACTION
         refreshed = self._expire_refreshed
@@ -295,15 +295,18 @@ class Publisher(SubmissionCounter):
         owners: list[tuple[str, str, int]] = []
         for run in batch.segments():
             if isinstance(run, TokenEvents):
-                worker = run.worker
-                for rid, stream, channel, seq, index, text, tokens, logprobs in zip(
+                worker, prompts = run.worker, run.prompt_logprobs
+                for position, (rid, stream, channel, seq, index, text, tokens, logprobs) in enumerate(zip(
                     run.request_ids, run.streams, run.channels, run.seqs, run.indexes, run.texts, run.token_ids,
                     run.logprobs, strict=True,
-                ):  # fmt: skip
-                    if logprobs is None:
+                )):  # fmt: skip
+                    prompt = prompts.get(position) if prompts else None
+                    if logprobs is None and prompt is None:
                         fields, payload = encode_token_for_write(seq, index, text, tokens, worker)
                     else:
-                        event = ResultEvent(seq, "token", index, text, tokens, logprobs, None, None, None, worker)
+                        event = ResultEvent(
+                            seq, "token", index, text, tokens, logprobs, None, None, None, worker, prompt
+                        )
                         fields, payload = encode_event_for_write(event)
                     last = refreshed.get(stream)  # a token event is never terminal
                     expire = last is None or now - last >= refresh_after

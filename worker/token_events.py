@@ -35,6 +35,9 @@ class TokenEvents:
     texts: list[str] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
+    # event i -> its prompt logprobs (JSON), for the few first tokens of requests that asked: a column of its own
+    # that is empty for nearly every step, so the other events carry nothing for it
+    prompt_logprobs: dict[int, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -42,7 +45,7 @@ class TokenEvents:
     def as_tuple(self) -> tuple:
         """The columns as a plain tuple (what crosses the publisher's pipe); `from_tuple` reverses it."""
         return (self.worker, self.request_ids, self.streams, self.channels, self.seqs, self.indexes, self.texts,
-                self.token_ids, self.logprobs)  # fmt: skip
+                self.token_ids, self.logprobs, self.prompt_logprobs)  # fmt: skip
 
     @classmethod
     def from_tuple(cls, wire: tuple) -> TokenEvents:

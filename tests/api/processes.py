@@ -26,12 +26,21 @@ def one_thread_env() -> dict[str, str]:
 
 
 class WorkerProcess:
-    def __init__(self, server: RedisServer, prefix: str, log_path: Path, model: str = "default") -> None:
+    def __init__(
+        self,
+        server: RedisServer,
+        prefix: str,
+        log_path: Path,
+        model: str = "default",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        """extra_args: more flags, after (so over) the ones here."""
         args = [
             sys.executable, "-m", "worker", "--model", model, "--served-model-name", SERVED,
             "--device", "cpu", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
             "--num-kv-tokens", str(NUM_KV_TOKENS), "--metrics-port", "0", "--batch-window-ms", "0",
             "--heartbeat-interval-s", "0.2", "--heartbeat-ttl-s", "2", "--redis-url", server.url, "--prefix", prefix,
+            *extra_args,
         ]  # fmt: skip
         self.log_path = log_path
         self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)

@@ -6,6 +6,7 @@ One worker process and one offline engine are shared by the module (loading domi
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -19,7 +20,7 @@ from api.settings import ApiSettings
 from tests.api.processes import MAX_MODEL_LEN, SERVED, ApiProcess, WorkerProcess
 from tests.api.servers import API_KEY, ThreadApi
 from tests.api.wire import chunks, parse_sse, stream_len
-from worker.protocol import Keys, WorkerHeartbeat, decode_event
+from worker.protocol import Keys, WorkerHeartbeat, decode_event, decode_request
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
@@ -224,6 +225,82 @@ def test_disconnected_client_is_cancelled_after_grace_and_kv_is_freed(stack):
     assert done.finish_reason == "abort"
     assert done.usage["completion_tokens"] < 400
     wait_for(lambda: free_kv_tokens(client, prefix) == idle_free, 10, "the KV blocks to be freed")
+
+
+def newest_request_id(client, prefix: str, after: int) -> str | None:
+    """The id of the newest request on the stream once more than `after` were ever added."""
+    if stream_len(client, prefix) <= after:
+        return None
+    return decode_request(client.xrevrange(Keys(prefix).requests, count=1)[0][1]).id
+
+
+def test_cancel_ends_streams_and_a_waiting_call_with_request_cancelled_never_abort(stack):
+    """POST /v1/requests/{id}/cancel on running requests: the SDK's stream raises the cancel error; a raw stream
+    ends with it (an error event with code request_cancelled) and [DONE]; a whole call waiting for its answer gets
+    499, which the SDK does not retry. "abort" is nowhere in what the clients read."""
+    api, client, prefix = stack["api"], stack["client"], stack["prefix"]
+    long = {"model": SERVED, "temperature": 0, "max_tokens": 400, "extra_body": {"ignore_eos": True}}
+    with api.client(timeout=60) as http:
+        stream = sdk(api.url).chat.completions.create(messages=CHAT, stream=True, **long)
+        first = next(stream)
+        assert http.post(f"/v1/requests/{first.id}/cancel").json()["cancelled"]
+        with pytest.raises(openai.APIError, match=f"request {first.id} was cancelled") as raised:
+            for _ in stream:
+                pass
+        assert raised.value.code == "request_cancelled"
+
+        body = {
+            "model": SERVED,
+            "messages": CHAT,
+            "temperature": 0,
+            "stream": True,
+            "max_tokens": 400,
+            "ignore_eos": True,
+        }
+        lines: list[str] = []
+        with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            for line in resp.iter_lines():
+                lines.append(line)
+                if sum(seen.startswith("data: {") for seen in lines) == 2:
+                    assert http.post(f"/v1/requests/{resp.headers['x-request-id']}/cancel").json()["cancelled"]
+        events = parse_sse("\n".join(lines) + "\n\n")
+        assert events[-1]["data"] == "[DONE]" and "abort" not in "\n".join(lines)
+        assert json.loads(events[-2]["data"])["error"]["code"] == "request_cancelled"
+        assert len(events) < 50  # cut well before its 400 tokens
+
+        before = stream_len(client, prefix)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            waiting = pool.submit(lambda: sdk(api.url).completions.create(prompt=PROMPT, **long))
+            request_id = wait_for(lambda: newest_request_id(client, prefix, before), 10, "the request")
+            wait_for(lambda: client.xlen(Keys(prefix).result(request_id)) >= 2, 30, "its first tokens")
+            assert http.post(f"/v1/requests/{request_id}/cancel").json()["cancelled"]
+            with pytest.raises(openai.APIStatusError) as raised:
+                waiting.result(timeout=60)
+    assert raised.value.status_code == 499 and raised.value.code == "request_cancelled"
+    assert "abort" not in raised.value.response.text
+    assert stream_len(client, prefix) == before + 1  # not retried
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_past_its_queue_deadline_fails_without_an_abort(stack, redis_server, stream):
+    """The worker drops a request whose queue deadline passed before it started (an error event, not "abort"):
+    the client gets an error, never a finish_reason of "abort"."""
+    settings = ApiSettings(redis_url=redis_server.url, prefix=stack["prefix"], api_keys=[API_KEY], queue_timeout_s=1e-3)
+    api = ThreadApi(settings).start()
+    try:
+        with api.client(timeout=30) as http:
+            response = http.post("/v1/completions", json={"model": SERVED, "prompt": PROMPT, "stream": stream})
+    finally:
+        api.stop()
+    assert "abort" not in response.text
+    if stream:
+        events = parse_sse(response.text)
+        assert events[-1]["data"] == "[DONE]"
+        error = json.loads(events[-2]["data"])["error"]
+    else:
+        assert response.status_code == 500
+        error = response.json()["error"]
+    assert error["code"] == "generation_error" and "deadline passed" in error["message"]
 
 
 def test_overload_with_a_worker_sheds_excess_and_completes_the_rest(stack, redis_server):

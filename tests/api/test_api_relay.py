@@ -76,6 +76,44 @@ def test_streamed_chat_relays_events_in_openai_format(start_api, rclient, prefix
     assert message.deadline is not None and message.deadline > time.time()
 
 
+def test_keep_alive_comes_only_while_idle_and_ends_no_event(start_api, rclient, prefix):
+    """Tokens flow (0.1 s apart), stop for 2.5 s, flow again: `: ping` lines only in the silence, each alone
+    (no blank line after it), and the openai SDK's decoder reads every event of the body as JSON."""
+    from openai._streaming import SSEDecoder
+
+    publish_model(rclient, prefix)
+    api = start_api(sse_ping_s=1.0)
+    silence_after = 12
+
+    def run() -> None:
+        rid = wait_for_request(rclient, prefix)[-1].id
+        for seq in range(1, 2 * silence_after + 1):
+            time.sleep(2.5 if seq == silence_after + 1 else 0.1)
+            write_event(rclient, prefix, rid, token(seq, f"t{seq} "))
+        write_event(rclient, prefix, rid, done(2 * silence_after + 1))
+
+    threading.Thread(target=run, daemon=True).start()
+    with (
+        api.client() as client,
+        client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}) as response,
+    ):
+        raw = b"".join(response.iter_raw())
+    text = raw.decode()
+    flowing, silence, flowing_again = (
+        text[text.index("id: 1\n") : text.index(f"id: {silence_after}\n")],
+        text[text.index(f"id: {silence_after}\n") : text.index(f"id: {silence_after + 1}\n")],
+        text[text.index(f"id: {silence_after + 1}\n") :],
+    )
+    assert "ping" not in flowing and "ping" not in flowing_again, text
+    assert 1 <= silence.count(": ping\n") <= 3, silence
+    assert ": ping\n\n" not in text and text.count("ping") == silence.count(": ping\n")
+    decoded = list(SSEDecoder().iter_bytes(iter([raw])))
+    assert [sse.data for sse in decoded][-1] == "[DONE]"
+    parsed = [json.loads(sse.data) for sse in decoded[:-1]]
+    sent = "".join(f"t{seq} " for seq in range(1, 2 * silence_after + 1))
+    assert "".join(c["choices"][0]["text"] for c in parsed) == sent
+
+
 def test_whole_completion_with_n_choices(start_api, rclient, prefix):
     publish_model(rclient, prefix)
     api = start_api()
@@ -160,6 +198,32 @@ def test_error_of_a_whole_request_is_500_in_the_envelope(start_api, rclient, pre
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "generation_error"
     assert "out of memory" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_cancelled_request_ends_in_a_request_cancelled_error_never_an_abort(start_api, rclient, prefix, stream):
+    """The worker ends a cancelled request's open choices with done/"abort" (choice 0 finished before): a
+    stream ends with the cancel error (its seq as id) and [DONE], no usage chunk; a whole request answers 499."""
+    publish_model(rclient, prefix)
+    api = start_api()
+    answer_later(
+        rclient, prefix,
+        lambda rid: [token(1, "a"), token(2, "b", index=1), done(3, "stop"), done(4, "abort", index=1)],
+    )  # fmt: skip
+    body = {**CHAT, "n": 2, "stream": stream} | ({"stream_options": {"include_usage": True}} if stream else {})
+    with api.client() as client:
+        response = client.post("/v1/chat/completions", json=body)
+    rid = response.headers["x-request-id"]
+    assert "abort" not in response.text
+    if stream:
+        events = parse_sse(response.text)
+        assert [e.get("id") for e in events] == ["1", "2", "3", "4", None] and events[-1]["data"] == "[DONE]"
+        assert [c["choices"][0]["finish_reason"] for c in chunks(events)[:3]] == [None, None, "stop"]
+        error = chunks(events)[-1]["error"]
+    else:
+        assert response.status_code == 499
+        error = response.json()["error"]
+    assert error["code"] == "request_cancelled" and f"request {rid} was cancelled" in error["message"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -26,7 +26,12 @@ def test_every_sampling_field_reaches_the_worker_under_its_engine_name():
         **EVERYTHING, messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3
     )
     params = body.engine_params(9, body.engine_logprobs())
-    assert set(params) == SAMPLING_PARAM_FIELDS  # every engine field is reachable, under its own name
+    # every engine field is reachable, under its own name (prompt_logprobs through a completion's echo)
+    assert set(params) == SAMPLING_PARAM_FIELDS - {"prompt_logprobs"}
+    echo = CompletionRequest(**EVERYTHING | {"max_tokens": 0}, prompt="hi", echo=True, logprobs=2)
+    echo_params = echo.engine_params(0, echo.engine_logprobs())
+    assert echo_params["prompt_logprobs"] == 2 and echo_params["max_tokens"] == 1  # the one token is not shown
+    assert set(echo_params) == SAMPLING_PARAM_FIELDS
     message = RequestMessage(id="chatcmpl-1", messages=body.wire_messages(), params=params, priority=body.priority)
     decoded = decode_request(encode_request(message))
     assert decoded.params["logit_bias"] == {5: -3}

@@ -143,6 +143,14 @@ def test_request_id_of_reads_a_valid_id_even_from_a_broken_message():
         ResultEvent(seq=1, type="token", text="Hel", token_ids=[1, 2], worker="w1"),
         ResultEvent(seq=2, type="token", index=1, text="", token_ids=[], logprobs=[{"token_id": 1, "logprob": -0.5}]),
         ResultEvent(
+            seq=2,
+            type="token",
+            text="é",
+            token_ids=[7],
+            logprobs=[{"token_id": 7, "logprob": -0.1, "top": {}}],
+            prompt_logprobs=[{"token_id": 5, "logprob": None, "top": {}}, {"token_id": 6, "logprob": -2.0, "top": {}}],
+        ),
+        ResultEvent(
             seq=3,
             type="done",
             finish_reason="length",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from engine.outputs import RequestOutput
+from engine.outputs import PromptLogprobs, RequestOutput
 from engine.request import Logprob
 from tests.worker.harness import read_events
 from worker.job import Job
@@ -115,3 +115,26 @@ def test_merged_steps_reach_redis_in_order_once_with_their_logprobs(redis_server
     ]  # fmt: skip
     assert events[3].logprobs == [{"token_id": 7, "logprob": -0.5, "top": {"7": -0.5, "8": -1.5}}]
     assert written == [(4, 0), (4, 4)]
+
+
+def test_prompt_logprobs_ride_their_first_token_event_to_redis_and_nothing_else_changes(redis_server, prefix) -> None:
+    keys, client = Keys(prefix), redis_server.client()
+    jobs = {r: Job(r, f"1-{r}", keys.result(r), keys.events(r), 1, 3) for r in ("a", "b")}
+    prompt = PromptLogprobs([5, 6, 7], [Logprob(6, -1.5, {6: -1.5, 9: -0.5}), Logprob(7, -0.25, {})])
+    first = RequestOutput("a", 0, [8], "t8", [Logprob(8, -0.5, {})], False, None, 3, 1, prompt_logprobs=prompt)
+    batch, _ = events_for_outputs(jobs, [_token("b", 4), first], "w")
+    assert batch.tokens[0][1].prompt_logprobs.keys() == {1}  # the column holds only the event that has them
+    second, _ = events_for_outputs(jobs, [_token("a", 9), _token("b", 5)], "w")
+    merged = _unpack(_pack(batch))
+    merged.extend(_unpack(_pack(second)))
+    Publisher(client, keys, "w", 60, lambda request_id: None, lambda n, d: None).write(merged)
+    a_events = [event for _, event in read_events(client, keys, "a")]
+    assert a_events[0].prompt_logprobs == [
+        {"token_id": 5, "logprob": None, "top": {}},
+        {"token_id": 6, "logprob": -1.5, "top": {"6": -1.5, "9": -0.5}},
+        {"token_id": 7, "logprob": -0.25, "top": {}},
+    ]
+    assert a_events[0].logprobs == [{"token_id": 8, "logprob": -0.5, "top": {}}]
+    assert a_events[1].prompt_logprobs is None and a_events[1].token_ids == [9]
+    fields = client.xrange(keys.result("b"))[0][1]
+    assert b"prompt_logprobs" not in fields and b"logprobs" not in fields  # the plain events' fast path

@@ -233,3 +233,5 @@ def test_sigterm_hands_unfinished_requests_to_a_live_worker(redis_server, prefix
     for request_id in requests:
         assert_exactly_once(client, keys, request_id, n=_n(requests, request_id))
         assert tokens_by_index(results[request_id]) == expected[request_id], request_id
+        # a hand-off is no cancel: nothing the leaving worker did may reach a client as "abort"
+        assert {e.finish_reason for e in results[request_id] if e.type == "done"} == {"length"}, request_id

@@ -11,6 +11,10 @@ flat map of strings (XADD fields) so that any language can submit:
     params=<JSON object of SamplingParams fields, optional>, priority=<int, optional, lower first>,
     deadline=<unix seconds, optional>, result_stream=<optional>, created=<unix seconds, optional>
 
+Fields are only ever added to version 1 as optional ones that older readers ignore (a result event's
+`prompt_logprobs`); a worker that does not know a sampling parameter refuses the request with an
+error event naming it, so a newer parameter never passes unnoticed.
+
 Result stream (per request) `{prefix}:result:{id}`: events written ONLY with explicit ids "0-{seq}",
 seq = 1, 2, 3, ...; Redis rejects an id equal to or below the last one, which is what makes a
 resumed request's output exactly-once. Live copies of the same events go to the pub/sub channel

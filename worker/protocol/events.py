@@ -15,7 +15,9 @@ from worker.protocol.names import EVENT_TYPES, FINISH_REASONS, PROTOCOL_VERSION,
 class ResultEvent:
     """One entry of a result stream (and one pub/sub message).
 
-    type "token": `text` delta, `token_ids`, optional `logprobs`, for choice `index`.
+    type "token": `text` delta, `token_ids`, optional `logprobs`, for choice `index`; the choice's first token
+        event of a request with `prompt_logprobs` also carries them: one entry per prompt token,
+        {token_id, logprob, top}, the first with logprob null (nothing predicts it).
     type "done": `finish_reason` and `usage` ({prompt_tokens, completion_tokens, total_tokens} of
         that choice; prompt_tokens is the request's prompt, counted once per choice) for choice `index`.
     type "error": `error` message; terminal for the whole request.
@@ -32,6 +34,7 @@ class ResultEvent:
     usage: dict[str, int] | None = None
     error: str | None = None
     worker: str | None = None
+    prompt_logprobs: Any = None
 
     @property
     def is_terminal_for_choice(self) -> bool:
@@ -60,6 +63,8 @@ def _event_items(event: ResultEvent) -> dict[str, Any]:
         items["token_ids"] = list(event.token_ids or [])
         if event.logprobs is not None:
             items["logprobs"] = event.logprobs
+        if event.prompt_logprobs is not None:
+            items["prompt_logprobs"] = event.prompt_logprobs
     elif event.type == "done":
         items["finish_reason"] = event.finish_reason
         if event.usage is not None:
@@ -71,7 +76,7 @@ def _event_items(event: ResultEvent) -> dict[str, Any]:
     return items
 
 
-_JSON_EVENT_FIELDS = ("token_ids", "logprobs", "usage")
+_JSON_EVENT_FIELDS = ("token_ids", "logprobs", "usage", "prompt_logprobs")
 # One encoder for every event: json.dumps(..., ensure_ascii=False) builds a new JSONEncoder per call,
 # a measurable share of a worker's time at one event per sequence per step.
 _JSON = json.JSONEncoder(ensure_ascii=False)
@@ -82,7 +87,7 @@ def _fields_of(items: dict[str, Any]) -> dict[str, str]:
 
 
 def encode_event(event: ResultEvent) -> dict[str, str]:
-    """XADD fields of an event (all strings; token_ids, logprobs and usage as JSON)."""
+    """XADD fields of an event (all strings; token_ids, logprobs, usage and prompt_logprobs as JSON)."""
     return _fields_of(_event_items(event))
 
 
@@ -154,6 +159,7 @@ def decode_event(fields: Mapping[Any, Any] | str | bytes) -> ResultEvent:
         usage=items.get("usage"),
         error=items.get("error"),
         worker=items.get("worker"),
+        prompt_logprobs=items.get("prompt_logprobs"),
     )
     _validate_event(event)
     if event.token_ids is not None:

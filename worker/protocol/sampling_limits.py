@@ -27,10 +27,11 @@ SAMPLING_LIMITS: dict[str, tuple[int | float, int | float]] = {
     "max_tokens": (1, INT32_MAX),  # the engine also keeps prompt + max_tokens within the model's context
     "min_tokens": (0, INT32_MAX),  # and at most max_tokens
     "logprobs": (0, 20),
+    "prompt_logprobs": (0, 20),
 }
-INTEGER_PARAMS = frozenset({"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"})
+INTEGER_PARAMS = frozenset({"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"})
 EXCLUSIVE_LOW = frozenset({"top_p"})
-OPTIONAL_PARAMS = frozenset({"seed", "max_tokens", "logprobs", "logit_bias"})  # null means "not set"
+OPTIONAL_PARAMS = frozenset({"seed", "max_tokens", "logprobs", "prompt_logprobs", "logit_bias"})  # null means "not set"
 
 LOGIT_BIAS_LIMITS = (-100.0, 100.0)  # each bias value
 MAX_LOGIT_BIAS_ENTRIES = 300
