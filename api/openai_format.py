@@ -45,7 +45,7 @@ def usage_of(done_events: list[ResultEvent], meta: RequestMeta, fallback_complet
         completion = sum(int(u.get("completion_tokens", 0)) for u in usages)
     else:
         prompt, completion = meta.prompt_tokens, fallback_completion_tokens
-    if meta.echo_only:
+    if meta.output_hidden:
         completion = 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -62,7 +62,7 @@ def echo_text(meta: RequestMeta, texts: TokenTexts) -> str:
 
 def _shown_finish(meta: RequestMeta, finish_reason: str | None) -> str | None:
     """max_tokens 0 ends by length, whatever ended the one token the engine generated."""
-    return "length" if meta.echo_only and finish_reason is not None else finish_reason
+    return "length" if meta.output_hidden and finish_reason is not None else finish_reason
 
 
 class ChunkFormatter:
@@ -106,7 +106,7 @@ class ChunkFormatter:
         else:
             want = self.meta.logprobs is not None
             entries = parse_entries(event.logprobs) if want else []
-            if self.meta.echo_only:
+            if self.meta.output_hidden:
                 text, entries = "", []
             logprobs = CompletionLogprobs.empty()
             if index not in self._offsets:  # the choice's first event: the echo goes first
@@ -159,7 +159,7 @@ class WholeResponse:
             choice.prompt_entries = parse_entries(event.prompt_logprobs) if want and self.meta.echo else []
         if event.type == "token":
             self.completion_tokens += len(event.token_ids or [])
-            if not self.meta.echo_only:
+            if not self.meta.output_hidden:
                 choice.text.append(event.text or "")
                 if want:
                     choice.entries.extend(parse_entries(event.logprobs))

@@ -30,7 +30,7 @@ class RequestMeta:
         prompt_tokens: the API's count (a fallback when a worker sends no usage).
         result_stream: the wire result stream name.
         echo: the prompt as JSON (its text, or its token ids) when a completion echoes it; None otherwise.
-        echo_only: echo with max_tokens 0: the one token the engine generates is not shown (the prompt alone).
+        output_hidden: echo with max_tokens 0: the one token the engine generates is not shown (the prompt alone).
     """
 
     request_id: str
@@ -44,12 +44,12 @@ class RequestMeta:
     prompt_tokens: int
     result_stream: str
     echo: str | None = None
-    echo_only: bool = False
+    output_hidden: bool = False
 
     def to_fields(self) -> dict[str, str]:
         fields = {k: str(v) for k, v in asdict(self).items() if v is not None}
         fields["include_usage"] = "1" if self.include_usage else "0"
-        fields["echo_only"] = "1" if self.echo_only else "0"
+        fields["output_hidden"] = "1" if self.output_hidden else "0"
         return fields
 
     @classmethod
@@ -66,7 +66,7 @@ class RequestMeta:
             prompt_tokens=int(fields.get("prompt_tokens", "0")),
             result_stream=fields["result_stream"],
             echo=fields.get("echo"),
-            echo_only=fields.get("echo_only") == "1",
+            output_hidden=fields.get("output_hidden") == "1",
         )
 
 

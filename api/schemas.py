@@ -5,8 +5,9 @@ Decisions (a vLLM/OpenAI user would expect these):
   implement (tools, functions, response_format other than text, audio, suffix, ...)
   are rejected with a 400 that names the field, never silently dropped.
 - Completions' `echo` returns the prompt before the output, with the prompt's logprobs
-  when `logprobs` is set (the first token's null), as vLLM does; `max_tokens: 0` is allowed
-  with echo only (lm-eval's log-likelihood requests: the prompt and its logprobs alone).
+  when `logprobs` is set (the first token's null), as vLLM does; completions' `max_tokens: 0`
+  returns no output (with echo: the prompt and its logprobs alone, lm-eval's log-likelihood
+  requests), as OpenAI's legacy completions do.
 - Types are strict: "0.5" is not a temperature, true is not an integer. An integral
   float (5.0) is an integer, as JSON Schema and vLLM have it (api/field_types.py).
 - Every number has both bounds, published in the OpenAPI document; so are the rules
@@ -65,7 +66,7 @@ StopString = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_SEQUEN
 MaxTokens = integer(1, description="At least 1; prompt + max_tokens must fit the model's context (max_model_len).")
 MinTokens = integer(0, description="At least 0 and at most max_tokens.")
 CompletionMaxTokens = integer(
-    0, description="At least 1, or 0 with echo (the prompt alone); prompt + max_tokens must fit max_model_len."
+    0, description="0 returns no output (with echo: the prompt alone); prompt + max_tokens must fit max_model_len."
 )
 Temperature = number(
     0.0,
@@ -108,16 +109,6 @@ def _requires(field: str, partner: str, value: Any) -> dict[str, Any]:
         "anyOf": [
             {"properties": {field: {"type": "null"}}},  # also holds where `field` is absent
             {"properties": {partner: {"const": value}}, "required": [partner]},
-        ]
-    }
-
-
-def _zero_only_with(field: str, partner: str) -> dict[str, Any]:
-    """JSON Schema: `field` may be 0 only where `partner` is true."""
-    return {
-        "anyOf": [
-            {"properties": {field: {"not": {"const": 0}}}},  # also holds where `field` is absent
-            {"properties": {partner: {"const": True}}, "required": [partner]},
         ]
     }
 
@@ -334,7 +325,7 @@ def _best_of_equals_n() -> dict[str, Any]:
 class CompletionRequest(SamplingFields):
     model_config = ConfigDict(
         json_schema_extra=_publish_rules(
-            _best_of_equals_n(), _requires("stream_options", "stream", True), _zero_only_with("max_tokens", "echo")
+            _best_of_equals_n(), _requires("stream_options", "stream", True)
         )
     )
 
@@ -367,17 +358,9 @@ class CompletionRequest(SamplingFields):
             raise FieldError("best_of", f"best_of ({self.best_of}) must equal n ({self.n}); it is not supported")
         return self
 
-    @model_validator(mode="after")
-    def _echo(self) -> CompletionRequest:
-        if self.max_tokens == 0 and not self.echo:
-            raise FieldError(
-                "max_tokens", "max_tokens must be at least 1; 0 is allowed only with echo (the prompt alone)"
-            )
-        return self
-
     def engine_params(self, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
         # NOTE: echo with max_tokens 0 still generates one token, as vLLM does (the engine samples after any
-        # prefill; the API does not show it, RequestMeta.echo_only); echo with logprobs asks for the prompt's.
+        # prefill; the API does not show it, RequestMeta.output_hidden); echo with logprobs asks for the prompt's.
         params = super().engine_params(max(max_tokens, 1), logprobs)
         if self.echo and logprobs is not None:
             params["prompt_logprobs"] = logprobs
@@ -385,9 +368,10 @@ class CompletionRequest(SamplingFields):
 
     def echo_fields(self, max_tokens: int) -> dict[str, Any]:
         """RequestMeta's echo fields: the prompt as JSON, and whether the output is left out (max_tokens 0)."""
-        if not self.echo:
-            return {}
-        return {"echo": json.dumps(self.single_prompt(), ensure_ascii=False), "echo_only": max_tokens == 0}
+        fields: dict[str, Any] = {"output_hidden": max_tokens == 0}
+        if self.echo:
+            fields["echo"] = json.dumps(self.single_prompt(), ensure_ascii=False)
+        return fields
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt, unwrapped from a one-element list."""

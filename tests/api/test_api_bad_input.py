@@ -44,7 +44,7 @@ CASES = [
     ("logprobs-too-many", COMP_URL, comp(logprobs=21), 400, "logprobs", "20"),
     ("top-logprobs-too-many", CHAT_URL, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs", "20"),
     ("top-logprobs-without-logprobs", CHAT_URL, chat(top_logprobs=2), 400, "top_logprobs", "logprobs"),
-    ("max-tokens-zero", COMP_URL, comp(max_tokens=0), 400, "max_tokens", "0 is allowed only with echo"),
+    ("max-tokens-negative", COMP_URL, comp(max_tokens=-1), 400, "max_tokens", "greater than or equal to 0"),
     ("max-tokens-negative-echo", COMP_URL, comp(max_tokens=-1, echo=True), 400, "max_tokens",
      "greater than or equal to 0"),
     ("chat-max-tokens-zero", CHAT_URL, chat(max_tokens=0), 400, "max_tokens", "greater than or equal to 1"),

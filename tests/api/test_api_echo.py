@@ -102,6 +102,19 @@ def test_echo_with_max_tokens_0_is_the_prompt_alone(start_api, rclient, prefix, 
     assert usage == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_0_without_echo_is_an_empty_completion(start_api, rclient, prefix, stream):
+    """OpenAI's legacy completions: no output, finish_reason "length", no completion tokens counted."""
+    events = [output_token(1, "!", -3.0), done(2, "stop", prompt=3, completion=1)]
+    options = {"stream_options": {"include_usage": True}} if stream else {}
+    body = {"prompt": PROMPT, "max_tokens": 0, "logprobs": 1, "temperature": 0, "stream": stream}
+    choice, usage, message = complete(start_api, rclient, prefix, body | options, events)
+    assert message.params["max_tokens"] == 1 and "prompt_logprobs" not in message.params
+    assert choice["text"] == "" and choice["finish_reason"] == "length"
+    assert not (choice["logprobs"] or {}).get("tokens")
+    assert usage == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+
+
 def test_echo_of_token_ids_without_logprobs_decodes_them(start_api, rclient, prefix):
     events = [output_token(1, "o", -0.5), done(2, "length")]
     body = {"prompt": ids(PROMPT), "echo": True, "max_tokens": 1}

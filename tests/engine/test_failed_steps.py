@@ -113,8 +113,8 @@ def test_a_failing_read_fails_its_culprit_alone(model_dir: Path, mode: str) -> N
     launch = engine.runner.launch
     failed_reads = []
 
-    def launch_with_a_faulty_read(sched):
-        launched = launch(sched)
+    def launch_with_a_faulty_read(sched, **kwargs):
+        launched = launch(sched, **kwargs)
         culprit_rows = [r for r in launched.requests if r.request_id == "culprit"]
         if culprit_rows and culprit_rows[0].num_output_tokens + culprit_rows[0].num_pending_tokens >= 3:
             # the step samples the culprit's 4th token (its pending one counted at launch)

@@ -75,6 +75,7 @@ LIMIT_TEXT = {
     "max_tokens": "an integer in [1, 2**31 - 1]",
     "min_tokens": "an integer in [0, 2**31 - 1]",
     "logprobs": "an integer in [0, 20]",
+    "prompt_logprobs": "an integer in [0, 20]",
 }
 
 
