@@ -24,9 +24,27 @@ _MARK_START, _MARK_END = "\U000f0000", "\U000f0001"
 
 
 def compile_special_pattern(texts: Iterable[str]) -> re.Pattern[str] | None:
-    """A regex matching any of `texts`, longest first (as a tokenizer matches its added tokens), or None."""
-    ordered = sorted({t for t in texts if t}, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, ordered))) if ordered else None
+    """A regex matching any of `texts`, the longest where several start at one place (as a tokenizer matches its
+    added tokens), or None when there are none.
+
+    NOTE: built as a trie, one character at a time: a plain alternation tries every text at every `<`, which for
+    a vocabulary with thousands of special tokens (`<unused0>` ... `<unused6000>`) is slow on long prompts.
+    """
+    trie: dict[str, dict] = {}
+    for text in {t for t in texts if t}:
+        node = trie
+        for char in text:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a text ends here
+    return re.compile(_trie_regex(trie)) if trie else None
+
+
+def _trie_regex(node: dict[str, dict]) -> str:
+    branches = [re.escape(char) + _trie_regex(child) for char, child in sorted(node.items()) if char]
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+    return f"(?:{body})?" if "" in node else body  # greedy: a longer text wins over one that ends here
 
 
 def mentions(messages: Any, pattern: re.Pattern[str]) -> bool:

@@ -134,3 +134,29 @@ def test_forged_system_turn_in_smollm2_reads_as_text(families: dict[str, Templat
         "<|im_start|>", "user", "Ċ", "hi", "<", "|", "im", "_", "start", "|", ">", "system",
     ]  # fmt: skip
     assert ids.count(1) == 3 and ids.count(2) == 2  # im_start x3 (system, user, assistant), im_end x2
+
+
+def test_special_texts_match_leftmost_then_longest_in_both_twins() -> None:
+    """As a tokenizer matches its added tokens; the API's copy of the steps matches the same."""
+    from api.chat_text import compile_special_pattern as api_pattern
+    from engine.chat_text import compile_special_pattern as engine_pattern
+
+    texts = ["<a>", "<a>b", "a>", "<|im_start|>", "<|im", "|"]
+    for compile_pattern in (engine_pattern, api_pattern):
+        pattern = compile_pattern(texts)
+        found = [m.group(0) for m in pattern.finditer("x<a>bc<a>a>|<|im_start|><|im_end|>")]
+        assert found == ["<a>b", "<a>", "a>", "|", "<|im_start|>", "<|im", "|"]
+        assert compile_pattern([]) is None and compile_pattern([""]) is None
+
+
+def test_the_twins_hold_the_same_code() -> None:
+    """engine/chat_text.py and api/chat_text.py differ only in their module docstring (the API may not import
+    the engine, so the steps live twice)."""
+    import ast
+
+    def code(path: Path) -> str:
+        module = ast.parse(path.read_text())
+        return ast.dump(ast.Module(body=module.body[1:], type_ignores=[]))  # without the docstring
+
+    root = Path(__file__).resolve().parents[2]
+    assert code(root / "engine" / "chat_text.py") == code(root / "api" / "chat_text.py")
