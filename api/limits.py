@@ -90,11 +90,12 @@ def token_budget(
         max_tokens = requested
     else:
         room = context - (prompt_tokens if prompt_tokens is not None else 1)
-        default = (
-            settings.default_completion_max_tokens
-            if isinstance(body, CompletionRequest)
-            else settings.default_max_tokens
-        )
+        if isinstance(body, CompletionRequest):
+            default = settings.default_completion_max_tokens
+        elif settings.default_max_tokens is not None:
+            default = settings.default_max_tokens
+        else:  # the model's own default (its generation_config's max_new_tokens, as vLLM takes it), or None
+            default = info.default_max_tokens
         max_tokens = min(room, default) if default is not None else room
         if settings.max_tokens_limit is not None:
             max_tokens = min(max_tokens, settings.max_tokens_limit)

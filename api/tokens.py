@@ -15,13 +15,16 @@ is skipped (the engine still refuses an over-long prompt with an error event).
 
 The chat template is rendered the way transformers does it (sandboxed Jinja, trim_blocks,
 lstrip_blocks, loopcontrols, `raise_exception`, `tojson`, `strftime_now`), then encoded
-without adding special tokens: the template writes them itself.
+without adding special tokens: the template writes them itself. A special token's text inside
+the messages is encoded as text, in the same steps as engine/tokenizer.py's apply_chat_template
+(api/chat_text.py), so both count the same tokens.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +38,7 @@ from redis.asyncio import Redis
 from tokenizers import Tokenizer
 
 from api.background_refresh import BackgroundRefresh
+from api.chat_text import MaskedMessages, compile_special_pattern, mentions, plain_text_ids
 from api.errors import bad_request
 
 log = logging.getLogger("inferq.api")
@@ -74,16 +78,20 @@ class PromptTokenizer:
     bos_token: str
     eos_token: str
     digest: str
+    special_pattern: re.Pattern[str] | None  # the special tokens' texts (encoded as text inside messages)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> PromptTokenizer:
         """Build from the published hash (raises ValueError/TemplateError on a broken one)."""
+        tokenizer = Tokenizer.from_str(fields["tokenizer_json"])
+        specials = (token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special)
         return cls(
-            tokenizer=Tokenizer.from_str(fields["tokenizer_json"]),
+            tokenizer=tokenizer,
             template=_compile(fields.get("chat_template", "")),
             bos_token=fields.get("bos_token", ""),
             eos_token=fields.get("eos_token", ""),
             digest=fields.get("sha256", ""),
+            special_pattern=compile_special_pattern(specials),
         )
 
     def count_text(self, text: str) -> int:
@@ -104,8 +112,19 @@ class PromptTokenizer:
             # The model's template refused these messages (e.g. roles out of order).
             raise bad_request(f"messages: the chat template rejected them: {exc}", param="messages") from None
 
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt's token ids, as engine/tokenizer.py's apply_chat_template gives them."""
+        if self.special_pattern is None or not mentions(messages, self.special_pattern):
+            return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        masked = MaskedMessages(messages, self.special_pattern)
+        return masked.encode(
+            self.render_chat(masked.messages),
+            lambda s: self.tokenizer.encode(s, add_special_tokens=False).ids,
+            lambda s: plain_text_ids(self.tokenizer, s),
+        )
+
     def count_chat(self, messages: list[dict[str, str]]) -> int:
-        return len(self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids)
+        return len(self.chat_ids(messages))
 
 
 class TokenizerCache:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+GENERATION_DEFAULTS_MODES = ("model", "none")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class ModelConfig:
             from config.json alone (benchmarks).
         seed: seed of the dummy weights.
         revision: Hub revision when `model` is a Hub id.
+        generation_defaults: "model" starts every request's sampling from the checkpoint's
+            generation_config.json (engine/generation_defaults.py); "none" from SamplingParams' defaults.
     """
 
     model: str = "default"
@@ -33,6 +36,7 @@ class ModelConfig:
     load_format: str = "auto"
     seed: int = 0
     revision: str | None = None
+    generation_defaults: str = "model"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -41,6 +45,10 @@ class ModelConfig:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.generation_defaults not in GENERATION_DEFAULTS_MODES:
+            raise ValueError(
+                f"generation_defaults must be one of {GENERATION_DEFAULTS_MODES}, got {self.generation_defaults!r}"
+            )
 
 
 @dataclass(frozen=True)

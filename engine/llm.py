@@ -31,7 +31,7 @@ class LLM:
         model: checkpoint path, `.gguf` file, Hub id, or "default" (packaged SmolLM2).
         engine_config: a full configuration (overrides the keyword shortcuts).
         cache_dir: where converted checkpoints are kept.
-        **kwargs: shortcuts: dtype, max_model_len, load_format, device, kernels,
+        **kwargs: shortcuts: dtype, max_model_len, load_format, generation_defaults, device, kernels,
             block_size, num_kv_tokens, gpu_memory_utilization, max_num_seqs,
             max_num_batched_tokens, enable_prefix_caching, enforce_eager, async_scheduling, policy.
     """
@@ -67,8 +67,10 @@ class LLM:
     def _run(
         self, token_lists: list[list[int]], params: SamplingParams | Sequence[SamplingParams] | None
     ) -> list[list[CompletionOutput]]:
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(token_lists)
+        if params is None:  # the model's own sampling defaults, as vLLM's LLM takes them
+            params = self.engine.sampling_params({})
+        if isinstance(params, SamplingParams):
+            params = [params] * len(token_lists)
         if len(params) != len(token_lists):
             raise ValueError(f"got {len(params)} SamplingParams for {len(token_lists)} prompts")
         ids = []
@@ -97,7 +99,9 @@ def _config_from_kwargs(model: str, kw: dict) -> EngineConfig:
         return {k: kw.pop(k) for k in names if k in kw}
 
     config = EngineConfig(
-        model=ModelConfig(model=model, **take(("dtype", "max_model_len", "load_format", "seed", "revision"))),
+        model=ModelConfig(
+            model=model, **take(("dtype", "max_model_len", "load_format", "seed", "revision", "generation_defaults"))
+        ),
         cache=CacheConfig(**take(("block_size", "num_kv_tokens", "gpu_memory_utilization", "enable_prefix_caching"))),
         scheduler=SchedulerConfig(**take(("max_num_seqs", "max_num_batched_tokens", "policy"))),
         **take(("device", "kernels", "enforce_eager", "async_scheduling")),

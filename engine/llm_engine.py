@@ -18,6 +18,7 @@ from engine.byte_level import ByteStreamDetokenizer
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, make_detokenizer
 from engine.engine_outputs import OutputProcessing
+from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
@@ -83,6 +84,12 @@ class LLMEngine(OutputProcessing):
         self._token_decoder = fast_decoder(self.tokenizer)
         generation_config = load_generation_config(self.model_dir)
         self.eos_token_ids = frozenset(eos_token_ids(self.hf_config, generation_config, self.tokenizer))
+        self.generation_defaults = GenerationDefaults.from_checkpoint(self.model_dir, config.model.generation_defaults)
+        logger.info(
+            "sampling defaults where a request is silent (generation_defaults=%s): %s",
+            config.model.generation_defaults,
+            self.generation_defaults.describe(),
+        )
         sched = config.scheduler
         self.runner = ModelRunner(
             self.model,
@@ -134,6 +141,10 @@ class LLMEngine(OutputProcessing):
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return apply_chat_template(self.tokenizer, messages)
+
+    def sampling_params(self, params: dict) -> SamplingParams:
+        """A request's SamplingParams: the fields it sets over the model's defaults (generation_defaults)."""
+        return self.generation_defaults.sampling_params(params)
 
     # ---- requests -------------------------------------------------------------
     def add_request(

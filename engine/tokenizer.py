@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+import weakref
 from pathlib import Path
 from typing import Any
 
 from engine.byte_level import byte_level_table
+from engine.chat_text import MaskedMessages, compile_special_pattern, mentions, plain_text_ids
 from engine.weights.errors import CheckpointError
 
 
@@ -57,6 +61,10 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[
     """Token ids of `messages` rendered by the checkpoint's chat template, ending with the
     assistant's turn opening (add_generation_prompt=True).
 
+    Only the template's own markup becomes special tokens: a special token's text inside the
+    messages (a user typing `<|im_start|>system`) is encoded as the text it is, so no message can
+    open a turn of another role. Messages without such text get exactly transformers' ids.
+
     Raises:
         ValueError: the checkpoint has no chat template (use the completions endpoint).
     """
@@ -65,10 +73,45 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[
             "this model's tokenizer has no chat template, so chat messages cannot be formatted; "
             "send a plain prompt to /v1/completions instead"
         )
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding from older signatures
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+    pattern = special_token_pattern(tokenizer)
+    if pattern is None or not mentions(messages, pattern):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding from older signatures
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    masked = MaskedMessages(messages, pattern)
+    text = tokenizer.apply_chat_template(masked.messages, add_generation_prompt=True, tokenize=False)
+    return masked.encode(
+        text,
+        lambda s: tokenizer.encode(s, add_special_tokens=False),
+        lambda s: _encode_as_text(tokenizer, s),
+    )
+
+
+_patterns: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
+
+
+def special_token_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A regex matching the text of any of the tokenizer's special tokens, or None when it has none;
+    cached per tokenizer. The special tokens are the backend's (what the API reads from the published
+    tokenizer.json)."""
+    try:
+        return _patterns[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    added = backend.get_added_tokens_decoder() if backend is not None else tokenizer.added_tokens_decoder
+    pattern = compile_special_pattern(token.content for token in added.values() if token.special)
+    with contextlib.suppress(TypeError):  # not weak-referenceable: compiled again on every call
+        _patterns[tokenizer] = pattern
+    return pattern
+
+
+def _encode_as_text(tokenizer: Any, text: str) -> list[int]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return plain_text_ids(backend, text)
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
 
 class _BackendDecoder:

@@ -227,9 +227,7 @@ class Admitter:
         try:
             prompt_ids = self._prompt_token_ids(message)
             job.num_prompt_tokens = len(prompt_ids)
-            from engine.sampling_params import SamplingParams
-
-            params = SamplingParams(**message.params)
+            params = self.engine.sampling_params(message.params)  # the model's defaults where params are silent
             self.engine.add_request(
                 message.id, prompt_ids, params, priority=message.priority, prior_output_token_ids=prior.engine_prior(n)
             )

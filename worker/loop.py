@@ -143,6 +143,7 @@ class Worker(IntakeLoop):
             max_model_len=self.engine.max_model_len,
             vocab_size=self.engine.vocab_size,
             eos_token_ids=sorted(self.engine.eos_token_ids),
+            default_max_tokens=self.engine.generation_defaults.max_tokens,
         )
         tok = self.engine.tokenizer
         tokenizer = tokenizer_fields(

@@ -59,6 +59,12 @@ class WorkerSettings(BaseSettings):
         "clients keep a core), or OMP_NUM_THREADS when set. A GPU worker ignores it.",
     )
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + output; default: the checkpoint's.")
+    generation_defaults: Literal["model", "none"] = Field(
+        "model",
+        description="'model': sampling fields a request leaves out (temperature, top_p, top_k, min_p, "
+        "repetition_penalty, max_tokens) take the checkpoint's generation_config.json values, as vLLM's "
+        "--generation-config auto; 'none': SamplingParams' defaults.",
+    )
     block_size: int = Field(64, ge=1, description="Tokens per KV block.")
     num_kv_tokens: int | None = Field(None, ge=1, description="KV pool size in tokens (overrides memory sizing).")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the worker may use.")
@@ -129,7 +135,12 @@ class WorkerSettings(BaseSettings):
         from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 
         return EngineConfig(
-            model=ModelConfig(model=self.model, dtype=self.dtype, max_model_len=self.max_model_len),
+            model=ModelConfig(
+                model=self.model,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
+                generation_defaults=self.generation_defaults,
+            ),
             cache=CacheConfig(
                 block_size=self.block_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,

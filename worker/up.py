@@ -199,7 +199,7 @@ inferq is up: {base}  (OpenAI-compatible; Ctrl-C stops everything)
 {auth}{redis_line}  Worker:   restarted with back-off (1, 2, 4 ... 30 s) if it exits; the API and Redis stay up
 
   curl {base}/v1/chat/completions -H 'Content-Type: application/json'{header} \\
-    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of Japan?"}}]}}'
 
   python -c "from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{sdk_key}'); \\
 r = c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi!'}}]); \\

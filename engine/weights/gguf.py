@@ -3,7 +3,8 @@
 The directory holds config.json (a LlamaConfig from the GGUF metadata),
 model.safetensors (tensors dequantized to fp16, or fp32; 1-D tensors stay fp32),
 the tokenizer and chat template (through transformers' GGUF tokenizer reader) and
-generation_config.json; the engine then loads it like any checkpoint.
+generation_config.json (special token ids, and for the packaged model its recommended sampling:
+engine/weights/default_model.py); the engine then loads it like any checkpoint.
 
 The result lives under `cache_dir/<file stem>-<hash>`, the hash covering the file's
 path, size and mtime, the storage dtype and the converter version. It is written in
@@ -27,9 +28,10 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from engine.weights.default_model import packaged_generation_config
 from engine.weights.errors import CheckpointError
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: the packaged model's generation_config.json holds its sampling defaults
 SHARD_BYTES = 2 << 30
 
 _GLOBAL_NAMES = {
@@ -131,7 +133,7 @@ def _write_checkpoint(gguf_path: Path, out_dir: Path, dtype: torch.dtype) -> Non
         bar.set_postfix_str("tokenizer")
         _write_tokenizer(gguf_path, out_dir)
         bar.update(1)
-    _write_generation_config(metadata, out_dir)
+    _write_generation_config(metadata, out_dir, packaged_generation_config(gguf_path))
 
 
 def _is_small(name: str) -> bool:
@@ -271,11 +273,12 @@ def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(str(out_dir))
 
 
-def _write_generation_config(metadata: dict[str, Any], out_dir: Path) -> None:
+def _write_generation_config(metadata: dict[str, Any], out_dir: Path, sampling: dict[str, Any]) -> None:
     from transformers import GenerationConfig
 
     GenerationConfig(
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
+        **({"do_sample": True, **sampling} if sampling else {}),
     ).save_pretrained(str(out_dir))

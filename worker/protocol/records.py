@@ -57,6 +57,9 @@ class ModelInfo(_JsonRecord):
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]
+    # The model's default max_tokens (its generation_config.json max_new_tokens), or None: the API's
+    # default for a chat request that sets none, below its context room.
+    default_max_tokens: int | None = None
 
 
 def tokenizer_fields(tokenizer_json: str, chat_template: str, bos_token: str, eos_token: str) -> dict[str, str]:
