@@ -1,5 +1,5 @@
 """Bearer API keys: who is calling, checked on every route but /health, /ready and the chat page
-(docs/decisions/NNNN-open-and-guarded-routes.md says why those).
+(docs/decisions/0039-open-and-guarded-routes.md says why those).
 
 Keys are compared in constant time against every configured key (no early exit,
 so the time taken says nothing about which key or how much of it matched). The

@@ -6,7 +6,7 @@ served model (vocabulary, context length) are checked later, in api/limits.py.
 
 Integers: JSON has one number type, and JSON Schema's "integer" admits 5.0; so does vLLM
 (pydantic's lax mode). An integral float is taken as that integer; 5.5, true and "5" stay
-refused (docs/decisions/NNNN-request-bounds-and-published-schema.md).
+refused (docs/decisions/0035-request-bounds-and-published-schema.md).
 """
 
 from __future__ import annotations

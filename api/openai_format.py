@@ -25,7 +25,7 @@ from worker.protocol import ResultEvent
 
 # The finish reasons OpenAI's clients know. The wire's other two never reach a client as one: "abort" (the
 # request was cancelled) becomes a `request_cancelled` error, "error" a generation error
-# (docs/decisions/NNNN-cancelled-requests.md).
+# (docs/decisions/0047-cancelled-requests.md).
 OPENAI_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 CANCELLED = "abort"
 

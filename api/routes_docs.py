@@ -1,7 +1,7 @@
 """The API's own description: GET /openapi.json and its two viewers, GET /docs (Swagger UI) and GET /redoc.
 
 With auth on they need an API key like every route but /health, /ready and the chat page
-(docs/decisions/NNNN-open-and-guarded-routes.md): the schema maps every route and parameter,
+(docs/decisions/0039-open-and-guarded-routes.md): the schema maps every route and parameter,
 and the viewers only render it. A browser sends no key by itself, so with auth on the schema is
 read with one (`curl -H "Authorization: Bearer $KEY" .../openapi.json`); with auth off all three
 are open, as FastAPI serves them by default.

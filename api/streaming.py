@@ -17,7 +17,7 @@ blank line (sse-starlette's own ping) makes the openai SDK's decoder dispatch an
 seen last is still set, so it yields an empty event and fails on its JSON (and so LangChain and LiteLLM,
 which stream through it). And pings on a timer cut in while tokens flow; here they come only when the
 stream is idle, written as raw bytes so that sse-starlette frames nothing around them
-(docs/decisions/NNNN-sse-keep-alive.md).
+(docs/decisions/0046-sse-keep-alive.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torch starts one intra-op thread per core it sees. A CPU worker that takes every
 leaves none for the processes it serves beside it (the API, Redis, the worker's event
 publisher, the client): OpenMP threads spin at the end of every parallel region, so the
 one core another process takes stalls every step of the worker, not a share of them.
-The default therefore keeps one usable core free (docs/decisions/NNNN-cpu-worker-threads.md).
+The default therefore keeps one usable core free (docs/decisions/0045-cpu-worker-threads.md).
 A GPU worker's host threads do little intra-op work; its count stays torch's.
 """
 

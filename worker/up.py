@@ -9,7 +9,7 @@ SIGTERM) stops all three and waits for each to exit.
 
 The readiness wait is quiet: the worker's heartbeat in Redis says when it serves (a read
 nothing logs), then one GET /ready (with the first of INFERQ_API_KEYS when auth is on)
-checks the API end to end (docs/decisions/NNNN-inferq-up-supervision.md).
+checks the API end to end (docs/decisions/0044-inferq-up-supervision.md).
 """
 
 from __future__ import annotations

