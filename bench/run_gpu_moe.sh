@@ -6,8 +6,8 @@
 # Carry what bench/run_gpu_engine.sh needs (artifacts/smollm2-tokenizer for the tiny checkpoints of the GPU
 # tests, .whl for redis; `bash bench/gpu_carry.sh` builds both).
 # Writes into $OUT (default bench/results/tmp): run.log, moe_configs/<GPU>.json (the tuning: commit it as
-# kernels/moe_configs/<GPU>.json), moe_layer.{json,md}, engine_decode_latency.{json,md},
-# engine_offline_throughput.{json,md}. Each phase has its own time limit (the sum stays under 10 minutes);
+# kernels/moe_configs/<GPU>.json), moe_layer.{json,md}, decode_latency.{json,md},
+# offline_throughput.{json,md}. Each phase has its own time limit (the sum stays under 10 minutes);
 # the tuned file is copied into kernels/moe_configs/ of this tree first, so the benchmarks after it run the
 # tuned tiles.
 #   PHASES="tests tune layer decode offline" (default: all) runs a subset.

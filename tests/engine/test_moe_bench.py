@@ -59,7 +59,7 @@ def test_engine_benchmarks_dry_run_an_moe_config(tmp_path: Path) -> None:
         row = bench.main(args)["models"]["Qwen1.5-MoE-A2.7B"]
         assert "error" not in row, row
         assert (row["costs"]["num_experts"], row["costs"]["top_k"]) == (60, 4)
-    assert (tmp_path / "engine_decode_latency.md").is_file() and (tmp_path / "engine_offline_throughput.md").is_file()
+    assert (tmp_path / "decode_latency.md").is_file() and (tmp_path / "offline_throughput.md").is_file()
 
 
 @pytest.mark.skipif(ON_GPU, reason="a CPU dry run (the Triton interpreter); on a GPU bench/run_gpu_moe.sh runs it")
