@@ -17,11 +17,11 @@ from engine.block_manager import BlockManager
 from engine.byte_level import ByteStreamDetokenizer
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, make_detokenizer
-from engine.engine_outputs import OutputProcessing
 from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessing
 from engine.outputs import EngineStats, RequestOutput, StepRecord
 from engine.request import FinishReason, Request, RequestStatus
 from engine.request_checks import check_prompt, split_priors

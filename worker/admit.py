@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.intake import Delivery
+from worker.event_publisher import Batch, EventWrite
 from worker.job import Job
 from worker.protocol import (
     Keys,
@@ -36,8 +36,8 @@ from worker.protocol import (
     encode_dead_letter,
     request_id_of,
 )
-from worker.publisher import Batch, EventWrite
 from worker.resume import PriorOutput, parse_priors, queue_prior_reads
+from worker.stream_reader import Delivery
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ runs (one MGET).
 # request's key (0.34 ms for 256 keys vs 0.14 ms for the GET on an idle local Redis). Under the
 # service benchmark's load the GET's round trip still took 0.6-1.3 ms a step when the loop waited
 # for it (bench/results/h100/service_history.md), so the loop sends the check of step k before
-# the engine schedules it and reads the reply after step k's outputs (worker/step_reads.py).
+# the engine schedules it and reads the reply after step k's outputs (worker/deferred_replies.py).
 # A canceller that sets the key without the INCR (older clients) is still seen: every
 # FULL_CHECK_S the worker reads every key regardless. The guarantee the tests assert: a cancel
 # that moved the counter before the check of step k was sent frees its KV blocks before step
@@ -29,7 +29,7 @@ class CancelWatch:
     """Reads cancel keys when the cancel counter moved, or FULL_CHECK_S after the last full read.
 
     A check is split in two so that the loop can send it early and read its replies later
-    (worker/step_reads.py): `commands` says what to send, `resolve` reads the replies. `check`
+    (worker/deferred_replies.py): `commands` says what to send, `resolve` reads the replies. `check`
     does both in round trips of its own.
 
     Args:

@@ -8,10 +8,10 @@ Each iteration of `Worker.run`:
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
    no Redis wait), after them the aborts of the requests found cancelled.
 While the engine has work, the reads ride the steps: each step first sends its cancel check and
-read of new messages without waiting (`_send_step_reads`, worker/step_reads.py), then runs the
+read of new messages without waiting (`_send_step_reads`, worker/deferred_replies.py), then runs the
 engine, and reads their replies once the step's outputs are turned into events and handed to the
 publisher, so the round trip overlaps the GPU and the loop's own work. No read outlives its step.
-The next iteration admits the messages found. Reading and admitting live in worker/loop_intake.py.
+The next iteration admits the messages found. Reading and admitting live in worker/message_intake.py.
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -28,21 +28,21 @@ import redis
 
 from worker.admit import Admitter
 from worker.cancel import CancelWatch
+from worker.deferred_replies import DeferredReplies
+from worker.event_publisher import Batch, Publisher
+from worker.event_publisher_process import PublisherProcess
+from worker.events_from_outputs import abort_events, events_for_outputs, write
 from worker.heartbeat import Heartbeat, publish_model_info
 from worker.held import HeldMessages
-from worker.intake import Intake
 from worker.job import Job
 from worker.lease import LeaseKeeper
-from worker.loop_intake import IntakeLoop, StepReadsSent
+from worker.message_intake import IntakeLoop, StepReadsSent
 from worker.metrics import WorkerMetrics
-from worker.outputs import abort_events, events_for_outputs, write
 from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name, tokenizer_fields
-from worker.publisher import Batch, Publisher
-from worker.publisher_process import PublisherProcess
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
 from worker.step_log import STEP_LOG_SIZE, StepLog, parent_id
-from worker.step_reads import DeferredReplies
+from worker.stream_reader import Intake
 from worker.window import BatchWindow
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from worker.intake import Delivery
+from worker.stream_reader import Delivery
 
 # The gap, as a fraction of the window, when it is not set.
 DEFAULT_GAP_FRACTION = 0.25

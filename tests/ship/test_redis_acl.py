@@ -30,9 +30,9 @@ from tests.ship.dockerfiles import compose_config
 from tests.ship.redis_acl import PASSWORDS, REDIS_CONF, REDIS_DIR, commands_used, granted_commands, render
 from tests.ship.stack import child_env
 from tests.worker.harness import ThreadWorker, make_settings, submit, wait_complete
-from worker.intake import Intake
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys
+from worker.stream_reader import Intake
 
 PREFIX = "inferq"  # the ACL names keys under the default prefix
 KEYS = Keys(PREFIX)

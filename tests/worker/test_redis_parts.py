@@ -11,11 +11,11 @@ import pytest
 
 from tests.worker.harness import read_events, request_cancel
 from worker.cancel import CancelWatch
-from worker.intake import Intake
+from worker.event_publisher import HANDOFF_IDLE_MS, Batch, EventWrite, Publisher
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys, ResultEvent, decode_event
-from worker.publisher import HANDOFF_IDLE_MS, Batch, EventWrite, Publisher
 from worker.resume import parse_priors, queue_prior_reads
+from worker.stream_reader import Intake
 
 
 def _token(seq: int, token: int, worker: str = "w1", index: int = 0) -> ResultEvent:

@@ -22,8 +22,8 @@ from tests.worker.harness import (
     wait_complete,
 )
 from worker.admit import Admitter
-from worker.intake import Intake
 from worker.protocol import Keys
+from worker.stream_reader import Intake
 
 pytestmark = pytest.mark.timeout(180)
 

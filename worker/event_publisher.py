@@ -9,7 +9,7 @@ Exactly once: result events are XADDed with explicit ids "0-{seq}". A retry afte
 already there. When the entry there was written by a different worker, this worker has lost
 the request; `on_lost(request_id)` tells the loop to drop its copy.
 
-The events of a batch go to Redis as one Lua call (worker/event_script.py): per-command packing
+The events of a batch go to Redis as one Lua call (worker/event_write_script.py): per-command packing
 and reply parsing in Python cost more GIL than the engine loop could spare at full batch.
 """
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.event_script import write_events_args
+from worker.event_columns import TokenEvents
+from worker.event_write_script import write_events_args
 from worker.protocol import Keys, ResultEvent, encode_event_for_write, encode_token_for_write, stream_id
 from worker.redis_client import CONNECTION_ERRORS, Backoff, is_duplicate_id
-from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class EventWrite:
 @dataclass
 class Batch:
     """What one engine step owes Redis, written in this order: its events (`tokens`, the step's token events in
-    columns, worker/token_events.py, then `events`), dead letters, acks, hand-offs.
+    columns, worker/event_columns.py, then `events`), dead letters, acks, hand-offs.
 
     `tokens` holds (position, columns) pairs: those token events are written before events[position:]. A step's
     batch has at most one, at 0; merged batches (`extend`) keep each batch's own, so that the publisher encodes
@@ -122,7 +122,7 @@ def merge_queued(first: Batch, take_more: Callable[[], Batch | None]) -> tuple[B
 
 class SubmissionCounter:
     """How many batches were submitted and how many are written: num_pending, and flush() to wait
-    for the writes (shared by the thread publisher here and worker/publisher_process.py)."""
+    for the writes (shared by the thread publisher here and worker/event_publisher_process.py)."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()

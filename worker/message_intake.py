@@ -35,7 +35,7 @@ class IntakeLoop:
 
     def _send_step_reads(self) -> bool:
         """Own pending messages and claims (rare) are read at once; the cancel check and the read of
-        new messages are only sent (worker/step_reads.py). Returns whether it reached Redis."""
+        new messages are only sent (worker/deferred_replies.py). Returns whether it reached Redis."""
         reached = False
         if not self.is_draining:
             reached = self._read(deferred_new=True)

@@ -1,4 +1,4 @@
-"""The reads that ride a step (worker/step_reads.py) against a real private Redis: replies read
+"""The reads that ride a step (worker/deferred_replies.py) against a real private Redis: replies read
 later come back in order and whole, Redis going away is a connection error and not stale replies,
 the deferred read of new messages gives what the waited one gives, the cancel check split into
 commands and replies keeps its rules. (The worker sending them during its steps:
@@ -12,10 +12,10 @@ import redis
 from tests.redis_server import RedisServer
 from tests.worker.harness import request_cancel
 from worker.cancel import CancelWatch
-from worker.intake import Intake
+from worker.deferred_replies import DeferredReplies
 from worker.protocol import Keys
 from worker.redis_client import CONNECTION_ERRORS
-from worker.step_reads import DeferredReplies
+from worker.stream_reader import Intake
 
 
 def test_replies_come_back_in_order_with_a_refused_command_in_its_place(redis_server, prefix):

@@ -7,9 +7,9 @@ drops it) and so ran in series with the loop's own host work instead of beside t
 H200 the service ran at 61% of the offline engine that way, the worker's main thread and its
 publisher thread together holding the GIL about half of the run.
 
-Same interface and guarantees as worker.publisher.Publisher (submit, flush, close, num_pending,
+Same interface and guarantees as worker.event_publisher.Publisher (submit, flush, close, num_pending,
 on_lost, on_written), with the writing itself done by that class's `write` in the child:
-- batches are written in submission order; consecutive queued ones are merged (worker.publisher.merge_queued);
+- batches are written in submission order; consecutive queued ones are merged (worker.event_publisher.merge_queued);
 - a batch stays in `_unacknowledged` until the child reports it written, so a child that dies
   is restarted and given every unacknowledged batch again (explicit event ids make the rewrite
   exactly-once; acks and hand-offs are idempotent);
@@ -36,9 +36,9 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from worker.event_columns import TokenEvents
+from worker.event_publisher import Batch, EventWrite, SubmissionCounter, merge_queued
 from worker.protocol import ResultEvent
-from worker.publisher import Batch, EventWrite, SubmissionCounter, merge_queued
-from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ _EVENT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ResultE
 
 
 def _pack(batch: Batch) -> tuple:
-    """The step's token events cross as their columns (worker/token_events.py), the other events as tuples."""
+    """The step's token events cross as their columns (worker/event_columns.py), the other events as tuples."""
     events = [(w.request_id, w.stream, w.channel, _EVENT_FIELDS(w.event)) for w in batch.events]
     tokens = [(position, columns.as_tuple()) for position, columns in batch.tokens]
     return tokens, events, batch.dead_letters, batch.acks, batch.handoffs
@@ -71,8 +71,8 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
     # closes the pipe, after the worker's own hand-off batches are written, not on the signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from worker.event_publisher import Publisher
     from worker.protocol import Keys
-    from worker.publisher import Publisher
     from worker.redis_client import make_client
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -133,7 +133,7 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
 class PublisherProcess(SubmissionCounter):
     """Args:
     redis_url, socket_timeout: how the child connects (it builds its own client).
-    prefix, consumer, result_ttl_s, on_lost, on_written: as for worker.publisher.Publisher;
+    prefix, consumer, result_ttl_s, on_lost, on_written: as for worker.event_publisher.Publisher;
         the callbacks run on this process's pipe-reader thread.
     """
 
@@ -166,7 +166,7 @@ class PublisherProcess(SubmissionCounter):
         # spawn: it re-imports the parent's __main__) with one end of a socket pair as its pipe.
         ours, theirs = socket.socketpair()
         redis_url, socket_timeout, prefix, consumer, result_ttl_s = self._child_args
-        argv = [sys.executable, "-m", "worker.publisher_process", "--fd", str(theirs.fileno()),
+        argv = [sys.executable, "-m", "worker.event_publisher_process", "--fd", str(theirs.fileno()),
                 "--socket-timeout", str(socket_timeout), "--prefix", prefix, "--consumer", consumer,
                 "--result-ttl-s", str(result_ttl_s)]  # fmt: skip
         # the URL may hold a password: it goes through the environment, not the command line

@@ -88,7 +88,7 @@ class Intake:
 
     def read_new_command(self, count: int) -> tuple:
         """read_new(count, None) as a raw command, for a caller that reads its reply later
-        (worker/step_reads.py); `new_deliveries` turns the reply into deliveries."""
+        (worker/deferred_replies.py); `new_deliveries` turns the reply into deliveries."""
         return ("XREADGROUP", "GROUP", self.keys.group, self.consumer, "COUNT", count, "STREAMS", self.keys.requests,
                 ">")  # fmt: skip
 
