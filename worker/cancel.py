@@ -78,6 +78,15 @@ class CancelWatch:
         values = client.mget([self.keys.cancel(request_id) for request_id in request_ids])
         return self.resolve(request_ids, [counter, values]) or []
 
+    def cancelled(self, client: redis.Redis, request_ids: list[str], replies: list) -> list[str]:
+        """The cancelled requests from the replies to `commands(request_ids)` (a command Redis refused raises its
+        error), with the full read now where the counter moved and no MGET went with it."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        found = self.resolve(request_ids, replies)
+        return self.read_keys(client, request_ids, replies[0]) if found is None else found
+
     def check(self, client: redis.Redis, request_ids: list[str]) -> list[str]:
         """The running requests that were cancelled (one round trip, plus one MGET when needed)."""
         commands = self.commands(request_ids)
@@ -86,6 +95,4 @@ class CancelWatch:
         pipe = client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
-        replies = pipe.execute()
-        found = self.resolve(request_ids, replies)
-        return self.read_keys(client, request_ids, replies[0]) if found is None else found
+        return self.cancelled(client, request_ids, pipe.execute())

@@ -121,8 +121,8 @@ def merge_queued(first: Batch, take_more: Callable[[], Batch | None]) -> tuple[B
 
 
 class SubmissionCounter:
-    """How many batches were submitted and how many are written: num_pending, and flush() to wait
-    for the writes (shared by the thread publisher here and worker/event_publisher_process.py)."""
+    """How many batches were submitted and how many are written, for `num_pending` and `flush` (each publisher,
+    the thread here and worker/event_publisher_process.py, owns one)."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
@@ -134,7 +134,18 @@ class SubmissionCounter:
         with self._lock:
             return self._num_submitted - self._num_done
 
-    def flush(self, timeout_s: float) -> bool:
+    def submitted(self) -> None:
+        """One batch more to write; called before it is handed to the writing side."""
+        with self._lock:
+            self._num_submitted += 1
+
+    def done(self, count: int) -> None:
+        """`count` batches written (the writing side)."""
+        with self._lock:
+            self._num_done += count
+            self._lock.notify_all()
+
+    def wait(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
@@ -146,13 +157,8 @@ class SubmissionCounter:
                 self._lock.wait(left)
         return True
 
-    def _mark_done(self, count: int) -> None:
-        """Called by the writing side with the lock held."""
-        self._num_done += count
-        self._lock.notify_all()
 
-
-class Publisher(SubmissionCounter):
+class Publisher:
     """Args:
     client: Redis client (thread-safe pool).
     keys: key names.
@@ -178,7 +184,7 @@ class Publisher(SubmissionCounter):
         self.result_ttl_s = result_ttl_s
         self.on_lost = on_lost
         self.on_written = on_written
-        super().__init__()
+        self.submissions = SubmissionCounter()
         self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-publisher", daemon=True)
@@ -188,12 +194,20 @@ class Publisher(SubmissionCounter):
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def num_pending(self) -> int:
+        """Batches submitted and not yet written."""
+        return self.submissions.num_pending
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        return self.submissions.wait(timeout_s)
+
     def submit(self, batch: Batch) -> None:
         """Queue a batch; returns at once."""
         if not batch:
             return
-        with self._lock:
-            self._num_submitted += 1
+        self.submissions.submitted()
         self._queue.put(batch)
 
     def close(self, timeout_s: float) -> bool:
@@ -213,8 +227,7 @@ class Publisher(SubmissionCounter):
                 return
             merged, count, held = merge_queued(batch, self._take_queued)
             self.write(merged)
-            with self._lock:
-                self._mark_done(count)
+            self.submissions.done(count)
 
     def _take_queued(self) -> Batch | None:
         try:

@@ -130,7 +130,7 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
             return
 
 
-class PublisherProcess(SubmissionCounter):
+class PublisherProcess:
     """Args:
     redis_url, socket_timeout: how the child connects (it builds its own client).
     prefix, consumer, result_ttl_s, on_lost, on_written: as for worker.event_publisher.Publisher;
@@ -150,7 +150,8 @@ class PublisherProcess(SubmissionCounter):
         self._child_args = (redis_url, socket_timeout, prefix, consumer, result_ttl_s)
         self.on_lost = on_lost
         self.on_written = on_written
-        super().__init__()
+        self.submissions = SubmissionCounter()
+        self._lock = threading.Lock()  # the child's process and pipe, and the batches it has not confirmed
         self._unacknowledged: deque[tuple] = deque()  # packed batches the child has not confirmed
         self._stopping = False
         self._process = None
@@ -184,6 +185,15 @@ class PublisherProcess(SubmissionCounter):
         self._reader = threading.Thread(target=self._read, args=(conn,), name="inferq-publisher-acks", daemon=True)
         self._reader.start()
 
+    @property
+    def num_pending(self) -> int:
+        """Batches submitted and not yet confirmed written by the child."""
+        return self.submissions.num_pending
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        return self.submissions.wait(timeout_s)
+
     def close(self, timeout_s: float) -> bool:
         """Flush (up to timeout_s), then stop the child. Returns whether everything was written."""
         flushed = self.flush(timeout_s)
@@ -207,8 +217,8 @@ class PublisherProcess(SubmissionCounter):
         if not batch:
             return
         wire = _pack(batch)
+        self.submissions.submitted()
         with self._lock:
-            self._num_submitted += 1
             self._unacknowledged.append(wire)
             conn = self._conn
         if conn is None:  # the child is being restarted: it will be sent everything unacknowledged
@@ -228,7 +238,7 @@ class PublisherProcess(SubmissionCounter):
                 with self._lock:
                     for _ in range(message[1]):
                         self._unacknowledged.popleft()
-                    self._mark_done(message[1])
+                self.submissions.done(message[1])
             elif kind == "lost":
                 self.on_lost(message[1])
             elif kind == "written" and self.on_written is not None:
