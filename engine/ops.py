@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention_metadata import AttentionMetadata
+from engine.torch_sampling import random_sample_ref
 from kernels._pdl import use_pdl
 from kernels.decode_attention import paged_decode_attention_ref
 from kernels.fused_moe import fused_experts_ref
@@ -31,7 +32,6 @@ from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.moe_router import moe_route_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
-from kernels.random_sample_ref import random_sample_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref

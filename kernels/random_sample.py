@@ -5,7 +5,7 @@ Legend: S = rows (sequences that sample this step), V = vocabulary, C = chunks p
     row 0 the token ids, row 1 1 where every logit of the row is finite, else 0 (greedy_sample's
     packing, so the engine reads both with its step's one copy).
 
-Math (kernels/random_sample_ref.py's reference, which sorts; engine/sampler.py uses it):
+Math (engine/torch_sampling.py's reference, which sorts; engine/sampler.py uses it):
 x = logits / temperature; the kept set K is
     top-k:  the k largest x (k = 0: every token),
     top-p:  tokens whose strictly larger tokens hold less than top_p of the probability mass

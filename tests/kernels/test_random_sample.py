@@ -17,9 +17,9 @@ import torch
 from engine.request import Request
 from engine.sampler import Sampler, sampling_key
 from engine.sampling_params import SamplingParams
+from engine.torch_sampling import filter_top_k_top_p_min_p, mix32, random_sample_ref, uniform_from_keys
 from kernels.greedy_sample import row_chunks
 from kernels.random_sample import asks_step_0, pack_params, random_sample, wants_step_0
-from kernels.random_sample_ref import filter_top_k_top_p_min_p, mix32, random_sample_ref, uniform_from_keys
 from kernels.top_k_select import top_k_thresholds
 
 # (temperature, top_k, top_p, min_p): each filter alone, all together, greedy and plain temperature
