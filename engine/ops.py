@@ -1,6 +1,10 @@
-"""The one place where the engine chooses a Triton kernel or its torch reference.
+"""Where the engine chooses, per call, a Triton kernel or its torch reference: every kernel the engine
+launches is called through a function here.
 
-Model layers call these functions only. The choice is made per call from the
+Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
+only helpers that launch nothing: the PDL switch (engine/llm_engine.py), the pinned buffers the staging kernel
+reads (engine/input_batch.py) and the packing of sampling parameters (engine/sampler.py);
+tests/engine/test_kernel_imports.py holds the engine to that. The choice is made per call from the
 tensor's device and one process-wide setting (`set_kernel_backend`, fed from
 `EngineConfig.kernels` by the ModelRunner):
 
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention_metadata import AttentionMetadata
-from engine.torch_sampling import random_sample_ref
+from engine.torch_sampling import random_sample_torch
 from kernels._pdl import use_pdl
 from kernels.decode_attention import paged_decode_attention_ref
 from kernels.fused_moe import fused_experts_ref
@@ -316,7 +320,7 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor, rows_ask_step_0: b
 
         step_0 = wants_step_0(rows_ask_step_0, logits.shape[0], logits.shape[1], logits.device)
         return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=step_0)
-    return random_sample_ref(logits, params)  # reads params on the host, where they already are
+    return random_sample_torch(logits, params)  # reads params on the host, where they already are
 
 
 def rope_store_kv(

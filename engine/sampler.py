@@ -11,7 +11,8 @@ a request re-run from any point, on any device, batch or worker, makes the same
 choices. Every request has a seed: a random one when the caller gives none.
 
 On CUDA, rows that only choose (no penalties, bias or min_tokens) take the sort-free kernels of
-kernels/random_sample.py; the torch pieces here and in engine/torch_sampling.py are its reference.
+kernels/random_sample.py (through engine/ops.py); other rows, and every row off CUDA, the torch sampling of
+engine/torch_sampling.py, which draws the same tokens.
 """
 
 from __future__ import annotations
@@ -24,13 +25,7 @@ import torch
 from engine import ops
 from engine.request import Logprob, Request
 from engine.sampling_params import SamplingParams
-from engine.torch_sampling import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
-    filter_top_k_top_p_min_p,
-    host_to_device,
-    mix32,
-    race_sample,
-    uniform_from_keys,
-)
+from engine.torch_sampling import host_to_device, mix32, race_sample, uniform_from_keys
 from kernels.random_sample import asks_step_0, pack_params
 
 _M32 = 0xFFFFFFFF

@@ -1,5 +1,7 @@
-"""The plain-torch reference of kernels/random_sample.py, and the engine's sampler on any device:
-the (key, token) hash, the top-k / top-p / min-p filters by sorting, and the exponential race.
+"""The engine's sampling in torch, on any device: the (key, token) hash, the top-k / top-p / min-p filters by
+sorting, and the exponential race. engine/sampler.py samples rows with penalties, bias or min_tokens here, and
+`random_sample_torch` is ops.random_sample's torch path. kernels/random_sample.py draws the same tokens without
+sorting; tests/kernels/test_random_sample.py holds the kernel to these functions.
 
 Legend: S = rows, V = vocabulary.
 """
@@ -104,8 +106,8 @@ def race_sample(
     return (probs / noise).argmax(dim=-1)
 
 
-def random_sample_ref(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-    """random_sample by sorting (NOTE: reads params on the host: a sync on CUDA)."""
+def random_sample_torch(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """kernels/random_sample.py's random_sample by sorting (NOTE: reads params on the host: a sync on CUDA)."""
     temperature, top_k, top_p, min_p, keys = params.tolist()
     finite = torch.isfinite(logits).all(dim=-1)  # [S]
     logits = torch.where(finite[:, None], logits.float(), 0.0)

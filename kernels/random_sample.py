@@ -5,7 +5,7 @@ Legend: S = rows (sequences that sample this step), V = vocabulary, C = chunks p
     row 0 the token ids, row 1 1 where every logit of the row is finite, else 0 (greedy_sample's
     packing, so the engine reads both with its step's one copy).
 
-Math (engine/torch_sampling.py's reference, which sorts; engine/sampler.py uses it):
+Math (engine/torch_sampling.py computes it by sorting: the engine's torch path and this kernel's reference):
 x = logits / temperature; the kept set K is
     top-k:  the k largest x (k = 0: every token),
     top-p:  tokens whose strictly larger tokens hold less than top_p of the probability mass
@@ -62,7 +62,7 @@ PARAM_ROWS = ("temperature", "top_k", "top_p", "min_p", "key")
 
 @triton.jit
 def _mix32(x):
-    """random_sample_ref.mix32 on uint32 (its int64 products masked to 32 bits are these wrapping ones)."""
+    """engine.torch_sampling.mix32 on uint32 (its int64 products masked to 32 bits are these wrapping ones)."""
     x = x ^ (x >> 16)
     x = x * 0x21F0AAAD
     x = x ^ (x >> 15)
