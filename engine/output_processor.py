@@ -54,8 +54,7 @@ class OutputProcessor:
         # NOTE: this runs for every running request at every step (256 a step under load), so the
         # common case (a token, no logprobs, no stop) is written inline: no helper calls, the
         # output built positionally, the stop checks against what the request computed once
-        # (stop_token_set, max_num_tokens). On the dev box that took it from 13 to 4 us a request
-        # (with engine/byte_level.py's detokenizer), then to ~1 us (bench/engine_host_step.py, warm caches).
+        # (stop_token_set, max_num_tokens) (decisions 0022, 0023).
         outputs = []
         detokenizers = self.live.detokenizers
         finished, stop, length = RequestStatus.FINISHED, FinishReason.STOP, FinishReason.LENGTH

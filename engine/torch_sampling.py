@@ -49,9 +49,8 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     """Per-row values from the host without waiting for the device.
 
     NOTE: torch.tensor(values, device="cuda") copies from pageable memory and then synchronizes
-    the stream, i.e. waits for the whole forward pass: on an H100 that made every sampled batch-1
-    step cost ~3 ms of waiting and launching for the 1B model's 1.3 ms of GPU work. A copy from
-    pinned memory is queued instead (the caching host allocator keeps the block until it is done).
+    the stream, i.e. waits for the whole forward pass (decision 0005). A copy from pinned memory is
+    queued instead (the caching host allocator keeps the block until it is done).
     """
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)

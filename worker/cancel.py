@@ -4,10 +4,9 @@ reads that counter once per step and, only when it moved, the cancel keys of eve
 runs (one MGET).
 
 # NOTE: the counter keeps the per-step read one small GET instead of an MGET over every running
-# request's key (0.34 ms for 256 keys vs 0.14 ms for the GET on an idle local Redis). Under the
-# service benchmark's load the GET's round trip still took 0.6-1.3 ms a step when the loop waited
-# for it (bench/results/h100/service_history.md), so the loop sends the check of step k before
-# the engine schedules it and reads the reply after step k's outputs (worker/deferred_replies.py).
+# request's key. Even so a waited round trip is a large share of a step under load, so the loop sends
+# the check of step k before the engine schedules it and reads the reply after step k's outputs
+# (worker/deferred_replies.py, decision 0025).
 # A canceller that sets the key without the INCR (older clients) is still seen: every
 # FULL_CHECK_S the worker reads every key regardless. The guarantee the tests assert: a cancel
 # that moved the counter before the check of step k was sent frees its KV blocks before step

@@ -37,10 +37,9 @@ HANDOFF_IDLE_MS = 10**10
 MAX_MERGED_BATCHES = 64
 # NOTE: a publisher that fell behind merges the steps queued since into one write, but no further than this many
 # events (a batch is never split: its acks ride the MULTI of its events). Redis runs one script to the end before
-# it answers anyone else (~1.7 ms per 256 token events on the dev box, bench/results/devbox/publisher_costs.md),
-# so an unbounded merge of 64 full-batch steps held every other client, the worker loop's step reads among them,
-# for ~100 ms; two steps' worth bounds that to a few ms (bench/results/devbox/publisher_backlog/), and the
-# per-write overhead the merge saves is small next to the events' own cost.
+# it answers anyone else, so an unbounded merge of many full-batch steps holds every other client, the worker
+# loop's step reads among them, for as long as it runs; two steps' worth bounds that to a few ms, and the
+# per-write overhead the merge saves is small next to the events' own cost (decision 0024).
 MAX_MERGED_EVENTS = 512
 DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
 # A result stream's EXPIRE (and its request id's owner key's) is refreshed when this fraction of its TTL has

@@ -3,9 +3,8 @@ a GIL with the Redis writes.
 
 Why: as a thread, the publisher's Python work (encoding ~256 events per step, packing, reading
 replies) took the GIL at the engine loop's first release after each step (every torch call
-drops it) and so ran in series with the loop's own host work instead of beside the GPU. On an
-H200 the service ran at 61% of the offline engine that way, the worker's main thread and its
-publisher thread together holding the GIL about half of the run.
+drops it) and so ran in series with the loop's own host work instead of beside the GPU
+(decision 0024).
 
 Same interface and guarantees as worker.event_publisher.Publisher (submit, flush, close, num_pending,
 on_lost, on_written), with the writing itself done by that class's `write` in the child:

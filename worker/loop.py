@@ -322,10 +322,8 @@ class Worker:
     # ---- stepping ----------------------------------------------------------------------------------
     def _step(self) -> None:
         # NOTE: the step's reads go out first, before the engine schedules it: Redis answers them before the
-        # publisher's script of the last step's events reaches it (the child spends ~1-3 ms encoding them; sent
-        # once the forward was launched, a tenth of the reads queued 0.6-1.5 ms behind it), and their replies
-        # have the whole step to come back. The loop's remaining waits are rare stretches of Redis being busy
-        # for 6-50 ms (bench/results/h100/session31/).
+        # publisher's script of the last step's events reaches it, and their replies have the whole step to
+        # come back (decision 0025).
         self._send_reads_for_step()
         started = time.monotonic()
         outputs = self.engine.step()
