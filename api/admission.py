@@ -79,7 +79,7 @@ _ADMIT = _QUEUE_ADMIT + "return {1, count + 1}\n"
 # stream: a new request's whole enqueue in one round trip (api/submit.py).
 # KEYS: + meta hash, request stream. ARGV: + TTL s, the number of meta fields and their names and values
 # alternating, the number of message fields and theirs. Returns {1, count, entry id} when admitted.
-# NOTE: `#!lua` (Redis 7, as in worker/event_script.py): out of memory, Redis refuses the whole script
+# NOTE: `#!lua` (Redis 7, as in worker/event_write_script.py): out of memory, Redis refuses the whole script
 # before it runs, where a script without it is checked at its first write only and may then write the rest.
 _ADMIT_AND_ENQUEUE = (
     "#!lua\n"

@@ -2,10 +2,9 @@
 the tokenizer): a request that finds such a cache stale answers from it and leaves the re-read to a task.
 
 Why: awaiting the re-read made every request of a burst that met a stale cache yield on the event loop before
-its Redis part, so asyncio ran every other request's parsing first (dev box, 64 long prompts on one API process:
-the first request's enqueue started after the last one's handler, 37-157 ms in; with this, 2 ms in). Its XADD
-still waits behind the SUBSCRIBE's round trip, during which the others parse: on the H100 machine the worker's
-first read of a 256-request burst came 0.05-0.09 s in (bench/results/h100/session28/).
+its Redis part, so asyncio ran every other request's parsing first, and the first request's enqueue started
+after the last one's handler. Its XADD still waits behind the SUBSCRIBE's round trip, during which the others
+parse (decision 0028).
 """
 
 from __future__ import annotations

@@ -8,9 +8,7 @@
 
 Why: with a subscription of its own per stream, every request opened a new Redis connection
 (redis-py closes a pub/sub's connection with it). On the submit path that was a connect, a
-handshake and a SUBSCRIBE round trip: 0.8-1.3 ms of the response headers' p50 of 7-8 ms on the 2-core
-dev box (bench/results/devbox/api_submit_latency_session6.md; no difference the H100 machine's service
-runs could show).
+handshake and a SUBSCRIBE round trip, a measurable share of the response headers' latency (decision 0027).
 Here a SUBSCRIBE is one command on a connection that is already open, and the submit path waits
 only for Redis's confirmation of it (so the request is enqueued after Redis listens for it).
 

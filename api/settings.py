@@ -37,7 +37,7 @@ class ApiSettings(BaseSettings):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
     # uvloop and httptools (C) rather than asyncio's loop and h11 (pure Python): per request they cut the
-    # API's CPU and the time to the response headers (bench/results/devbox/api_uvloop_httptools.md).
+    # API's CPU and the time to the response headers (decision 0029).
     # The pure-Python pair stays for platforms without those wheels.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     http_parser: Literal["httptools", "h11"] = "httptools"

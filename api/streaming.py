@@ -120,7 +120,7 @@ async def relay(
             if not started:
                 # NOTE: the request left the queue with its first event; its queue entry is released once
                 # that event is on its way to the client, so the round trip is not on the path to the first
-                # token (bench/ttft_path.py). An error first: `_leave` releases it.
+                # token (decision 0029). An error first: `_leave` releases it.
                 started = True
                 if release_admission:
                     await state.admission.release(meta.request_id)

@@ -244,7 +244,7 @@ async def _enqueue_in_one_script(state: AppState, meta: RequestMeta, message: Re
     """SUBSCRIBE, then one script admits the request, saves its meta and XADDs it: one round trip waited on.
 
     NOTE: the script goes out without waiting for the SUBSCRIBE's confirmation (its round trip was on the path
-    to the worker, bench/ttft_path.py); the relay waits for it before it reads the result stream, which holds
+    to the worker, decision 0029); the relay waits for it before it reads the result stream, which holds
     every event published before Redis listened (api/events.py). A confirmation that never comes fails the
     stream with a resumable error, as a hub failure mid-stream does: the request itself was enqueued."""
     source: EventSource | None = None

@@ -16,7 +16,7 @@ import time
 
 
 class StepReadsClock:
-    """Wraps a DeferredReplies (worker/step_reads.py): its `send` gets a trailing TIME, its `receive` drops that
+    """Wraps a DeferredReplies (worker/deferred_replies.py): its `send` gets a trailing TIME, its `receive` drops that
     reply and records (sent, answered by Redis, receive called, receive returned) in host wall-clock seconds."""
 
     def __init__(self, replies) -> None:

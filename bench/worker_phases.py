@@ -32,8 +32,11 @@ class WorkerPhases:
         self.calls: dict[str, int] = {}
         for name in (name for name in LOOP_PHASES if hasattr(worker, name)):
             setattr(worker, name, self._timed(name, getattr(worker, name)))
-        worker._receive = self._first_call("first_read_at", worker._receive)
-        worker._admit = self._intake_clock(self._first_call("first_admit_at", worker._admit))
+        # Reading into the window and admitting it: the Worker's MessageIntake (earlier trees: the Worker itself)
+        intake = worker.intake if hasattr(worker.intake, "window") else None
+        owner, receive = (intake, "receive") if intake is not None else (worker, "_receive")
+        setattr(owner, receive, self._first_call("first_read_at", getattr(owner, receive)))
+        owner._admit = self._intake_clock(self._first_call("first_admit_at", owner._admit))
         worker.engine.step = self._timed("engine.step", worker.engine.step)
         # Inside _step's after-step work: building the events and handing them to the publisher (the pipe's
         # send waits when the publisher process falls behind)
@@ -45,8 +48,9 @@ class WorkerPhases:
         # Below the timer: Redis's clock on each send's replies (bench/step_reads_clock.py)
         from bench.step_reads_clock import StepReadsClock
 
-        self.reads_clock = StepReadsClock(worker.step_reads)
-        worker.step_reads.receive = self._timed("step_reads.receive", worker.step_reads.receive)
+        replies = intake.replies if intake is not None else worker.step_reads
+        self.reads_clock = StepReadsClock(replies)
+        replies.receive = self._timed("step_reads.receive", replies.receive)
         loop_module.events_for_outputs = self._timed("events_for_outputs", loop_module.events_for_outputs)
         worker.engine.runner.timer = self.timer = StepTimer(worker.engine.device)
         self.cycles = LoopCycles()

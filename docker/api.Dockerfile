@@ -14,7 +14,7 @@ RUN groupadd --system --gid 10001 inferq \
 
 WORKDIR /src
 # NOTE: only what the API imports: api/ and the import-light wire contract in worker/
-# (worker/__init__.py is empty and worker/protocol.py is stdlib only). engine/ and kernels/
+# (worker/__init__.py is empty and worker/protocol/ is stdlib only). engine/ and kernels/
 # stay out, so this image cannot pull torch in by accident.
 COPY pyproject.toml README.md ./
 COPY api ./api

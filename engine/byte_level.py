@@ -5,9 +5,8 @@ decoding of their concatenation (invalid bytes shown as U+FFFD). So once each to
 are in a table, an output can be decoded as a byte stream: a C incremental UTF-8 decoder
 holds back a character that is still missing bytes, and no window of earlier tokens is
 decoded again (engine/detokenizer.py's generic path must, for tokenizers whose decoders look
-at neighbouring tokens). On the dev box at 256 running requests, one token each: 1.59 ms a step
-through the Rust tokenizer's decode under the window, 0.43 ms as the stream below
-(`python -m bench.host_step_costs`, bench/results/devbox/host_step_costs.json).
+at neighbouring tokens). At full batch re-decoding those windows was the largest piece of the
+engine's per-step host work (decision 0022).
 
 `byte_level_table` builds the table only where it gives exactly the tokenizer's own text: a
 Rust-backed transformers tokenizer whose decoder is ByteLevel, whose decode is not overridden

@@ -57,8 +57,8 @@ class CacheConfig:
 
     Args:
         block_size: tokens per KV block. 64 by default: prefill attention then loads each 64-key tile
-            of one block as a single TMA box (1.27-1.50x SDPA flash on an H100, against 1.06-1.23x for
-            the row gathers 16-token blocks need; kernels/prefill_attention.py). The price: prefix
+            of one block as a single TMA box, faster than the row gathers 16-token blocks need
+            (kernels/prefill_attention.py, decision 0011). The price: prefix
             caching reuses whole blocks only, and a sequence's last block leaves up to 63 slots unused.
         gpu_memory_utilization: fraction of the GPU's memory the process may use in all
             (weights, activations at the largest batch, KV pool); the pool takes what is left.

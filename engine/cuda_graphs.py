@@ -1,15 +1,10 @@
 """CUDA graphs of the forward pass: one per decode batch-size bucket (vLLM style) and one
 per token bucket of small mixed steps (prefill chunks with or without decodes).
 
-Why mixed steps too: an eager forward launches ~10 kernels a layer from Python, and on the
-H100 machine that host work (~20 ms for a 28-layer model) dwarfed the GPU work of a short
-prompt (~1-2 ms). A graph replays all of them with one launch, so a 128-token prompt's
-first token no longer waits on Python. Up to 8,192 tokens (the default step budget): it was
-taken that long prefills' GPU time hides their launches, and for a small model it does not.
-Qwen3-0.6B's eager steps took 18-30 ms of host launch time against kernels of 3.1 ms
-(886 tokens), 5.9 ms (2,000) and 16.8 ms (8,192 over 15 sequences) (H100,
-bench/results/h100/session28/prefill_step_costs.md); in the service such steps, of the
-prompts of a burst still arriving, ran at 34-54 ms each.
+Why mixed steps too: an eager forward launches ~10 kernels a layer from Python, and that host work
+dwarfs the GPU work of a short prompt. A graph replays all of them with one launch, so a prompt's first
+token no longer waits on Python. Up to 8,192 tokens (the default step budget): long prefills' GPU time
+does not hide their launches for a small model either (decision 0008).
 
 A step runs the graph of the smallest bucket that holds it; padding writes no KV (slot -1)
 and reads none:
@@ -24,8 +19,8 @@ The graphs read their inputs from the InputBatch's device buffers at the fixed o
 
 Every bucket has a graph that ends in the greedy kernel (through the LM head): a step whose every
 sampling row is plain greedy is one replay from the embedding to the [2, S_b] tokens, without the LM
-head's and the greedy kernel's own launches from Python (~0.4-0.5 ms of host time a step on the H100
-hosts, bench/results/h100/session30/). A mixed bucket's greedy graph gathers S_b rows of the hidden
+head's and the greedy kernel's own launches from Python (decision 0021). A mixed bucket's greedy graph
+gathers S_b rows of the hidden
 states first (`InputBatch.mixed_sampling_rows`: the step's R sampling rows, then row 0 as padding),
 so its tokens' first R rows are the requests'. Small decode buckets (up to HEAD_MAX_ROWS rows) also
 have a graph that ends in the logits, in the model's dtype, for the sampler; larger decode buckets and
@@ -36,8 +31,8 @@ states (or the logits) and samples outside the graph.
 enforce_eager takes the same buckets and padding without capture (StepGraphs(capture=False) on
 CUDA): each bucket's forward runs once at start, so every kernel variant its steps take is built
 then. Unpadded, decode attention's split count (a constexpr) follows the batch size and RMSNorm's
-row tile its row count: an eager engine built 47 variants, 17 s of compiles, inside its first
-served steps on a fresh H100 worker (bench/results/h100/compiles_session23/, call 16).
+row tile its row count, so an eager engine would build kernel variants inside its first served steps
+(decision 0009).
 
 Legend: b = decode bucket, T_b / S_b = tokens / sequences of a mixed bucket, H = hidden size,
 V = vocabulary.
@@ -47,8 +42,8 @@ largest size itself), so padding wastes at most 7 rows (vLLM's choice); mixed 16
 96, 128, 192, 256, 384, 512 tokens, where a padded token costs little (the linear layers
 still stream their weights), then steps of 128 to 1,024, of 256 to 2,048 and of 512 to
 8,192, where padding is compute: at most a quarter of a bucket's tokens up to 2,048 and a
-fifth beyond (an eighth from 4,096), against the eager launches' ~10-20 ms (and the step's
-token budget where it is smaller). Steps over 8,192 tokens (a larger max_num_batched_tokens) run eagerly.
+fifth beyond (an eighth from 4,096), against the eager launches' host time (decision 0008; and the
+step's token budget where it is smaller). Steps over 8,192 tokens (a larger max_num_batched_tokens) run eagerly.
 
 NOTE: capture needs every kernel compiled and every library handle created first, so each
 bucket runs once eagerly before its capture; all graphs share one memory pool and are
@@ -87,11 +82,10 @@ MAX_MIXED_GRAPH_TOKENS = MIXED_TOKEN_SIZES[-1]
 Bucket = tuple[int, int]  # (tokens, sequences) after padding; equal for a decode bucket
 # Decode buckets up to this many rows keep the LM head's logits as a graph output (for the sampler, which
 # then skips the head's launch). Where it pays is batch-1 latency: a launch gap is a few microseconds of a
-# ~1 ms step (measured at batch 1 only: 2-4 us, bench/results/h100/zero_copy_session22/). The cap keeps the
-# logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k). Every bucket, mixed ones too,
-# has the greedy graph (head and greedy kernel inside): at the offline workload's 256-row steps (Qwen3-0.6B,
-# H100) launching the two outside the graph took ~0.4 ms of the step's host time (0.50-0.54 against
-# 0.12-0.14 ms for the runner's work after the replay; bench/results/h100/session30/).
+# ~1 ms step. The cap keeps the logits the graph pool holds small ([8, V] in 16 bits: 2.4 MB at V = 152k).
+# Every bucket, mixed ones too, has the greedy graph (head and greedy kernel inside): at full-batch steps
+# launching the two outside the graph cost more host time than the runner's whole work after the replay
+# (decision 0021).
 HEAD_MAX_ROWS = 8
 
 

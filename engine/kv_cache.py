@@ -54,8 +54,8 @@ def num_blocks_from_free_memory(spec: KVCacheSpec, device: torch.device, utiliza
     return num_blocks
 
 
-# torch's small pool (blocks under 1 MiB) takes 2 MiB segments: this many are kept cached at start. Serving
-# mapped 1-2 of them after the large room was reserved (H100, bench/results/h100/memory_footprint/).
+# torch's small pool (blocks under 1 MiB) takes 2 MiB segments: this many are kept cached at start, since
+# serving still mapped a few after the large room was reserved (decision 0010).
 SMALL_POOL_SEGMENTS = 8
 _SMALL_BLOCK = 2**20 - 512  # two fill a small segment
 
@@ -68,8 +68,7 @@ def reserve_activation_room(device: torch.device, budget_bytes: int) -> None:
 
     Why: capturing a CUDA graph empties torch's cache (torch.cuda.graph calls empty_cache), which gave the
     warm-up forward's activation blocks back to the driver; the first served prefill steps then mapped new
-    device segments: Llama-3.1-8B 8 (1.16 GiB) in the offline workload's first pass and 1 more in a second
-    (H100, bench/results/h100/memory_footprint/). The reserved total stays what the sizing allowed: the
+    device segments inside the steps (decision 0010). The reserved total stays what the sizing allowed: the
     graphs' pool is inside torch's reserved memory, so it comes out of this room.
     """
     small = [torch.empty(_SMALL_BLOCK, dtype=torch.uint8, device=device) for _ in range(2 * SMALL_POOL_SEGMENTS)]

@@ -14,14 +14,14 @@ import torch
 
 from engine import ops
 from engine.block_manager import BlockManager
-from engine.byte_level import ByteStreamDetokenizer
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer, make_detokenizer
-from engine.engine_outputs import OutputProcessing
+from engine.detokenizer import make_detokenizer
 from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep
+from engine.live_requests import LiveRequests
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor
 from engine.outputs import EngineStats, RequestOutput, StepRecord
 from engine.request import FinishReason, Request, RequestStatus
 from engine.request_checks import check_prompt, split_priors
@@ -58,7 +58,7 @@ def child_seed(seed: int, index: int) -> int:
     return seed if index == 0 else (seed + index * _GOLDEN) % (MAX_SEED + 1)
 
 
-class LLMEngine(OutputProcessing):
+class LLMEngine:
     """The engine: one model on one device, continuously batched.
 
     Args:
@@ -107,22 +107,15 @@ class LLMEngine(OutputProcessing):
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(sched, self.block_manager)
-        self.requests: dict[str, Request] = {}  # internal id -> request
-        self._children: dict[str, list[str]] = {}  # caller's id -> internal ids
-        self._detokenizers: dict[str, IncrementalDetokenizer | ByteStreamDetokenizer] = {}
+        self.live = LiveRequests()
+        self.requests = self.live.requests  # internal id -> request (the same dict)
+        self.output_processor = OutputProcessor(self.scheduler, self.live)
         self.async_scheduling = (
             config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
         )
         self._in_flight: list[tuple[SchedulerOutput, LaunchedStep]] = []  # launched, tokens not read; oldest first
-        # Requests whose sampling reads their earlier tokens on the host (penalties): while any
-        # runs, steps are synchronous.
-        self._sync_request_ids: set[str] = set()
-        # Requests whose prefill computes prompt logprobs (engine/prompt_logprobs.py): while any runs, the runner
-        # looks for their chunks in each step.
-        self._prompt_logprob_ids: set[str] = set()
         self.last_step = StepRecord()
         self._num_steps = 0
-        self._num_generated = 0
         self._num_prompt_computed = 0
         logger.info(
             "engine ready: %s on %s (%s), max_model_len %d, kernels %s, PDL %s, %.1fs",
@@ -169,7 +162,7 @@ class LLMEngine(OutputProcessing):
         Raises:
             ValueError: naming the field and the limit, for input the engine cannot serve.
         """
-        if request_id in self._children:
+        if request_id in self.live.children:
             raise ValueError(f"request_id {request_id!r} is already running")
         check_priority(priority)
         check_prompt(prompt_token_ids, params, self.max_model_len, self.vocab_size)
@@ -191,17 +184,13 @@ class LLMEngine(OutputProcessing):
                 choice_index=index,
                 max_num_tokens=self._max_num_tokens(len(prompt_token_ids) + len(prior), len(prior), params),
             )
-            self.requests[internal_id] = request
-            if _reads_history(params):
-                self._sync_request_ids.add(internal_id)
-            if request.prompt_logprobs is not None:
-                self._prompt_logprob_ids.add(internal_id)
-            self._detokenizers[internal_id] = make_detokenizer(
+            detokenizer = make_detokenizer(
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
+            self.live.add(request, detokenizer, reads_history=_reads_history(params))
             self.scheduler.add_request(request)
             ids.append(internal_id)
-        self._children[request_id] = ids
+        self.live.children[request_id] = ids
 
     def _max_num_tokens(self, num_tokens: int, num_prior: int, params: SamplingParams) -> int:
         """Tokens the request may hold in all: the limit the scheduler keeps pending tokens under."""
@@ -212,12 +201,12 @@ class LLMEngine(OutputProcessing):
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """Aborts every choice of the request, freeing its KV blocks now."""
         outputs = []
-        for internal_id in self._children.get(request_id, []):
+        for internal_id in self.live.children.get(request_id, []):
             request = self.requests.get(internal_id)
             if request is None or request.is_finished:
                 continue
             self.scheduler.finish_request(request, FinishReason.ABORT)
-            outputs.append(self._finished_output(request, [], "", None))
+            outputs.append(self.output_processor.finished_output(request, [], "", None))
         return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -242,7 +231,7 @@ class LLMEngine(OutputProcessing):
         """
         started = time.monotonic()
         outputs: list[RequestOutput] = []
-        overlap = self.async_scheduling and not self._sync_request_ids
+        overlap = self.async_scheduling and not self.live.sync_ids
         if not overlap:
             outputs += self._collect()
         sched = self.scheduler.schedule()
@@ -252,7 +241,7 @@ class LLMEngine(OutputProcessing):
             outputs += self._collect()
         else:
             try:
-                launched = self.runner.launch(sched, prompt_logprobs=bool(self._prompt_logprob_ids))
+                launched = self.runner.launch(sched, prompt_logprobs=bool(self.live.prompt_logprob_ids))
             except Exception as exc:  # one request's failure must not fail the others: see _relaunch_alone
                 logger.exception("step %d failed", self._num_steps)
                 outputs += self._collect()  # the step before: no token of these requests stays pending
@@ -298,7 +287,7 @@ class LLMEngine(OutputProcessing):
                 start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
                 if end // block_size > start // block_size and not item.request.is_finished:
                     self.block_manager.cache_full_blocks(item.request, end)
-            outputs += self._process(result)
+            outputs += self.output_processor.process(result)
         return outputs
 
     def _roll_back(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
@@ -333,7 +322,7 @@ class LLMEngine(OutputProcessing):
                 continue
             alone = SchedulerOutput([item])
             try:
-                launched = self.runner.launch(alone, prompt_logprobs=bool(self._prompt_logprob_ids))
+                launched = self.runner.launch(alone, prompt_logprobs=bool(self.live.prompt_logprob_ids))
             except Exception as alone_exc:
                 logger.warning("request %s fails a step of its own: %s", item.request.request_id, alone_exc)
                 outputs += self._fail([item], f"{type(alone_exc).__name__}: {alone_exc}")
@@ -360,7 +349,7 @@ class LLMEngine(OutputProcessing):
             if request.is_finished:
                 continue
             self.scheduler.finish_request(request, FinishReason.ERROR, message)
-            outputs.append(self._finished_output(request, [], "", None))
+            outputs.append(self.output_processor.finished_output(request, [], "", None))
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return outputs
@@ -377,7 +366,7 @@ class LLMEngine(OutputProcessing):
             kv_usage=bm.usage,
             prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
             num_preemptions=self.scheduler.num_preemptions,
-            num_generated_tokens=self._num_generated,
+            num_generated_tokens=self.output_processor.num_generated,
             num_prompt_tokens_computed=self._num_prompt_computed,
             num_steps=self._num_steps,
         )

@@ -169,10 +169,10 @@ class ModelRunner:
         """The sampler's kernels (Sampler.warm_up) and the tokens' hand-back into the pinned buffer
         (kernels/write_to_host.py), built while the engine starts, not inside the first steps it serves.
 
-        NOTE: the warm-up forward and the graph capture run neither. On a fresh H100 worker (empty Triton
-        cache) the first sampled steps built 9 variants, 5.1 s of compiles inside steps of every running
-        request (bench/results/h100/compiles_session23/). tests/engine/test_compiles_after_start.py serves
-        varied steps after start and fails on any variant built then."""
+        NOTE: the warm-up forward and the graph capture run neither; without this, a fresh worker (empty
+        Triton cache) built them inside its first sampled steps (decision 0009).
+        tests/engine/test_compiles_after_start.py serves varied steps after start and fails on any variant
+        built then."""
         if self._host_samples is None or not ops.use_triton(torch.empty(0, device=self.device)):
             return
         hidden = torch.zeros((1, self.model.config.hidden_size), dtype=self.spec.dtype, device=self.device)

@@ -1,6 +1,10 @@
-"""The one place where the engine chooses a Triton kernel or its torch reference.
+"""Where the engine chooses, per call, a Triton kernel or its torch reference: every kernel the engine
+launches is called through a function here.
 
-Model layers call these functions only. The choice is made per call from the
+Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
+only helpers that launch nothing: the PDL switch (engine/llm_engine.py), the pinned buffers the staging kernel
+reads (engine/input_batch.py) and the packing of sampling parameters (engine/sampler.py);
+tests/engine/test_kernel_imports.py holds the engine to that. The choice is made per call from the
 tensor's device and one process-wide setting (`set_kernel_backend`, fed from
 `EngineConfig.kernels` by the ModelRunner):
 
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention_metadata import AttentionMetadata
+from engine.torch_sampling import random_sample_torch
 from kernels._pdl import use_pdl
 from kernels.decode_attention import paged_decode_attention_ref
 from kernels.fused_moe import fused_experts_ref
@@ -31,7 +36,6 @@ from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.moe_router import moe_route_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
-from kernels.random_sample_ref import random_sample_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
@@ -97,23 +101,18 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return layer_norm_ref(x, weight, bias, eps)
 
 
-# The one-token dispatch, each figure from an engine A/B of batch-1 decode (H100, session 7; see linear
-# and rms_norm_linear). Module-level so that a benchmark can move them (bench/decode_latency.py flags).
+# The one-token dispatch, each threshold from engine A/Bs of batch-1 decode (decisions 0014 and 0016; see
+# linear and rms_norm_linear). Module-level so that a benchmark can move them (bench/decode_latency.py flags).
 GEMV_MIN_FEATURES = 4096  # projections with both dims at least this: kernels/gemv.py
-# ... and this where the kernels launch with PDL (kernels/_pdl.py): a Llama-3.2-1B layer's o and down projections
-# then chain with the kernels around them instead of breaking the chain as cuBLAS kernels do. H100, 1B step:
-# 1.19 ms against 1.24-1.25 ms at 4096 (and 4096 vs 2048 without PDL: 1.24 vs 1.25); decode_ab_session10.md.
-# Since session 26 down to 512 (Qwen3-0.6B, Qwen2.5-0.5B and SmolLM2-135M shapes, whose smallest dims are
-# 1024, 896 and 576): with PDL the chain of Triton kernels beat cuBLAS's separate launches there too. H100,
-# batch-1 GPU step, same calls, both thresholds at 512 against 2048 (bench/results/h100/small_models_session26/):
-# SmolLM2-135M 0.786 -> 0.427 ms, Qwen3-0.6B 1.102 -> 0.798, Qwen2.5-0.5B 0.902 -> 0.606.
+# ... and this where the kernels launch with PDL (kernels/_pdl.py): the small models' projections (Llama-3.2-1B's
+# o and down, the Qwen3-0.6B, Qwen2.5-0.5B and SmolLM2-135M shapes, whose smallest dims are 1024, 896 and 576)
+# then chain with the kernels around them instead of breaking the chain as cuBLAS kernels do.
 GEMV_MIN_FEATURES_PDL = 512
 NORM_GEMV_MIN_FEATURES = 2048  # a pre-norm and the projection after it: kernels/rms_norm_gemv.py
 NORM_GEMV_MIN_FEATURES_PDL = 512  # ... where the kernels launch with PDL (measured with the line above)
 SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden size K is at most this
-# The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py).
-# H100, Llama-3.2-1B batch-1 GPU step, same call: 1.128 / 1.127 -> 1.106 ms (bench/results/h100/
-# decode_path_session15/); bench/decode_latency.py --fused-qkv-rope on|off for an A/B.
+# The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py,
+# decision 0017); bench/decode_latency.py --fused-qkv-rope on|off for an A/B.
 QKV_ROPE_FUSION = True
 
 
@@ -142,13 +141,10 @@ def linear(
     (default x's): the result rounded to x's dtype and stored as this one; the kernel stores it so itself,
     with no cast kernel after it (the LM head's fp32 logits: one kernel fewer at batch-1 decode).
 
-    NOTE: dispatch by measurement (H100, batch-1 decode with CUDA graphs, session 6): with every
-    Llama-3.1-8B projection on the kernel the step went from 6.17 to 5.99 ms; with the 3.2-1B
-    shapes (K = 2048, or N = 2048 for its down projection) on it the step was 0.5-3% slower,
-    although each of them alone was as fast or faster than cuBLAS in bench/gemv_sweep.py: short
-    programs (4 tiles of K at K = 2048) start up between back-to-back kernels. With programmatic
-    dependent launch (kernels/_pdl.py) that start-up overlaps the kernel before, and the same
-    shapes on the kernel made the 1B step 4.4% faster (session 10): hence gemv_min_features.
+    NOTE: dispatch by measurement (decision 0014): without PDL the small shapes (K = 2048, or N = 2048)
+    made the step slower on the kernel although each alone was as fast: short programs (4 tiles of K at
+    K = 2048) start up between back-to-back kernels. With programmatic dependent launch (kernels/_pdl.py)
+    that start-up overlaps the kernel before, and the same shapes gain: hence gemv_min_features.
     """
     if uses_gemv(x, weight):
         from kernels.gemv import gemv
@@ -175,13 +171,9 @@ def rms_norm_linear(
     NOTE: at one token and a weight of at least norm_gemv_min_features the norm and the residual
     add run inside the projection (kernels/rms_norm_gemv.py), and the SwiGLU too up to a hidden size
     of SWIGLU_GEMV_MAX_FEATURES: two or three kernels a decoder layer fewer at batch-1 decode.
-    Elsewhere these are the separate kernels (or references) of the unfused layer. Measured (H100,
-    batch-1 decode GPU step, same machine against the unfused layers; bench/results/h100/
-    decode_ab_session7.md): Llama-3.2-1B 1.32 -> 1.24-1.29 ms with SwiGLU inside (apart: 1.26,
-    within the runs' spread); Llama-3.1-8B 5.96 -> 5.88-5.89 ms with SwiGLU as its own kernel,
-    where inside it was slower (5.92-5.95: in the tile sweep the two-row-set weight stream ran at
-    91% of read bandwidth against the plain projection's 95%, more than the 1.6 us SiLU-and-mul
-    kernel it saves).
+    Elsewhere these are the separate kernels (or references) of the unfused layer. Above a hidden size of
+    SWIGLU_GEMV_MAX_FEATURES the SwiGLU stays its own kernel: there the two row sets' weight stream runs
+    slower than the plain projection's by more than the SiLU-and-mul kernel it saves (decision 0016).
     """
     if uses_gemv(x, weight, norm_gemv_min_features(x.device)):
         from kernels.rms_norm_gemv import rms_norm_gemv
@@ -316,7 +308,7 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor, rows_ask_step_0: b
 
         step_0 = wants_step_0(rows_ask_step_0, logits.shape[0], logits.shape[1], logits.device)
         return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=step_0)
-    return random_sample_ref(logits, params)  # reads params on the host, where they already are
+    return random_sample_torch(logits, params)  # reads params on the host, where they already are
 
 
 def rope_store_kv(

@@ -11,7 +11,8 @@ a request re-run from any point, on any device, batch or worker, makes the same
 choices. Every request has a seed: a random one when the caller gives none.
 
 On CUDA, rows that only choose (no penalties, bias or min_tokens) take the sort-free kernels of
-kernels/random_sample.py; the torch pieces here and in kernels/random_sample_ref.py are its reference.
+kernels/random_sample.py (through engine/ops.py); other rows, and every row off CUDA, the torch sampling of
+engine/torch_sampling.py, which draws the same tokens.
 """
 
 from __future__ import annotations
@@ -24,14 +25,8 @@ import torch
 from engine import ops
 from engine.request import Logprob, Request
 from engine.sampling_params import SamplingParams
+from engine.torch_sampling import host_to_device, mix32, race_sample, uniform_from_keys
 from kernels.random_sample import asks_step_0, pack_params
-from kernels.random_sample_ref import (  # noqa: F401 - filter_top_k_top_p_min_p and uniform_from_keys: the sampler's API
-    filter_top_k_top_p_min_p,
-    host_to_device,
-    mix32,
-    race_sample,
-    uniform_from_keys,
-)
 
 _M32 = 0xFFFFFFFF
 
@@ -48,8 +43,7 @@ def _mix32_int(x: int) -> int:
 @functools.lru_cache(maxsize=1 << 16)
 def _seed_key(seed: int) -> int:
     """The position-free part of sampling_key: a request's seed never changes, so each step pays
-    one mix a row instead of three (256 rows: 0.37 -> 0.18 ms a step on the dev box,
-    bench/results/devbox/host_step_costs.json)."""
+    one mix a row instead of three (decision 0023)."""
     return _mix32_int((seed & _M32) ^ _mix32_int((seed >> 32) & _M32))
 
 

@@ -5,5 +5,5 @@ through `engine.ops`. Shared pieces: `_launch` (the launchers' argument checks),
 `_online_softmax` (the attention kernels' softmax step), `decode_grid` (the shape of
 decode attention's grid) and `interpreter` (running the kernels on the CPU through
 Triton's interpreter, for tests and dry runs).
-Measured figures: bench/results/h100/kernels.md (`python -m bench.kernels`).
+Measured figures: docs/benchmarks.md (`python -m bench.kernels`); why each tile and fusion: docs/decisions/.
 """

@@ -173,9 +173,8 @@ def _decode_kernel(
     full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
     full_hi = tl.minimum(tile_hi, full_tiles)
     # NOTE: the loop is software-pipelined (LOOP_STAGES tiles in flight) only where the split walks at
-    # least PIPELINE_MIN_TILES of them: the pipelined loop's set-up cost a split of one or two tiles
-    # 2-3 us (H100, B = 1 at 512 / 4096 keys: 7.6 / 12.3 us against 4.9 / 10.2 unpipelined), while
-    # long splits need it (B = 1 at 64k keys: 99 us pipelined, 106 not). See _attend_full_tiles.
+    # least PIPELINE_MIN_TILES of them: the pipelined loop's set-up cost is most of a split of one or two
+    # tiles, while long splits need the stages to keep reads in flight (decision 0019). See _attend_full_tiles.
     if full_hi - (tile_lo + 1) >= PIPELINE_MIN_TILES:
         acc, m_i, l_i = _attend_full_tiles(q, acc, m_i, l_i, tile_lo + 1, full_hi, k_cache_ptr, v_cache_ptr, table,
                                            kv_head, stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
@@ -232,8 +231,8 @@ TILE_KEYS = ("BLOCK_N", "num_warps", "num_stages")
 def _tile_config(head_dim: int, dtype: torch.dtype, tiles: dict | None) -> dict:
     """BLOCK_N keys per tile: 64 keys of 16-bit K and V (32 KB at D = 128) per pipeline stage.
 
-    On an H100 this is within 2.5% of the best of 7 tile shapes at every benchmark (B, L)
-    (`python -m bench.kernels --sweep`); the decode step is bandwidth-bound. Fewer keys for
+    The decode step is bandwidth-bound, and this tile reads about as fast as the best of the swept
+    shapes at every (B, L) (decision 0019). Fewer keys for
     fp32 and D = 256 (shared memory); 16 under the interpreter so that small test contexts
     cross tile and split borders. `tiles` overrides any of TILE_KEYS; num_stages is the stages of the
     long splits' key loop (PIPELINE_MIN_TILES), the kernel itself compiles with one.

@@ -24,9 +24,8 @@ MERGES = ("last_split", "kernel")
 DEFAULT_MERGE: str | None = None  # None: choose_merge's rule; one of MERGES forces it (benchmark A/Bs)
 KERNEL_MERGE_MAX_HEAD_DIM = 128  # measured up to 128 (H100 and H200); D = 256 unmeasured keeps the last split
 # One warp a (sequence, query head): its chunk of at most 4096 parts' elements (merge_chunk) is 128
-# registers a thread, reduced over the splits without shared memory. H100, Llama-3.2-1B batch-1 decode,
-# GPU step, same call (bench/results/h100/decode_merge_session17/): 4 warps 1.057 / 1.056 ms, 2 warps
-# 1.052, 1 warp 1.048; no spills at D = 64 or 128 (bench.compile_check).
+# registers a thread, reduced over the splits without shared memory and without spills at D = 64 or 128
+# (bench.compile_check); 2 or 4 warps made the decode step slower (decision 0018).
 MERGE_KERNEL_WARPS = 1
 
 
@@ -96,19 +95,9 @@ def choose_merge(head_dim: int) -> str:
     """Where split parts are merged: a second kernel at head dims up to KERNEL_MERGE_MAX_HEAD_DIM,
     the last split above (DEFAULT_MERGE, when set, instead).
 
-    H100, batch-1 decode, same calls (bench/results/h100/decode_merge_session16/): at D = 64
-    (Llama-3.2-1B) the second kernel gave a 1.057 ms GPU step against 1.086-1.087 for the last
-    split, and took 0.8-1.5 us off the kernel at L = 128..4k; at D = 128 (Llama-3.1-8B) it gave
-    5.580 ms against 5.542, and the kernel bench has it 0.7 us slower at B = 1 L = 4k and 16 us at
-    B = 16 L = 4k. Eager, the last split's merge adds ~3 us to its kernel at both head dims (ticket,
-    then the parts from L2 in one program a group), the second kernel (on 4 warps then) costs 2.3 us at D = 64 and
-    3.1 us at D = 128 (a program a query head over twice the width).
-    With the kernel on one warp (MERGE_KERNEL_WARPS, session 17) it beat the last split for the 8B too:
-    5.502 against 5.540 ms GPU step (H100, bench/results/h100/decode_merge_session17/). Session 18, one
-    H200 call (bench/results/h200/decode_session18/): the kernel bench's rows at D = 128 were all
-    faster with the kernel (B = 1 L = 512 / 4k: 7.6 / 11.5 us against 8.6 / 13.9; B = 16 L = 1k / 4k:
-    24.0 / 70.4 against 24.4 / 71.0), and the 8B's GPU step 4.208 / 4.206 against 4.252 / 4.252 ms
-    (alternating), so the rule now takes the kernel up to D = 128.
+    The last split's merge costs its kernel a ticket and a read of the parts from L2 in one program a group;
+    the second kernel, on one warp, gave the faster decode step at D = 64 and 128 on the H100 and the H200
+    (decision 0018). D = 256 is unmeasured and keeps the last split.
     """
     if DEFAULT_MERGE is not None:
         return DEFAULT_MERGE

@@ -5,19 +5,15 @@ Legend: K = input features, N = output features.
 Math: fp32 products and sums, one rounding of y to x's dtype. Precision contract: F.linear's
 result within the dtype's accumulation tolerance (the sum runs in another order than cuBLAS's).
 
-Why: at one token a projection is a pure weight stream, and cuBLAS's M = 1 kernels read the
-Llama-3.1-8B shape's o_proj at 65% and its lm_head at 92% of the measured read bandwidth,
-where this kernel reads them at 76% and 100% (H100, bench/results/h100/gemv_sweep_session6.json).
-In the engine's graphed 8B decode step: 6.17 -> 5.99 ms. The engine uses it only for one token
-and weights of at least 4096 x 4096, 2048 x 2048 where kernels launch with PDL (engine/ops.py says
-why); wider batches are matmuls.
-A variant that computed SiLU-and-mul while loading the down projection's input was slower
-(6.13 ms): every program recomputed the activation of the whole input.
+Why: at one token a projection is a pure weight stream, which cuBLAS's M = 1 kernels read below the
+bandwidth this kernel reaches (decision 0014). The engine takes it only for one token and weights above
+engine/ops.py's thresholds; wider batches are matmuls. Computing SiLU-and-mul while loading the down
+projection's input is not done: every program would recompute the activation of the whole input
+(decision 0012).
 
 Kernel: each program owns BLOCK_N output rows and walks K in BLOCK_K chunks, accumulating
 w * x in a [BLOCK_N, BLOCK_K] fp32 tile that it reduces once at the end; rows are read
-contiguously along K. BLOCK_N = 4, BLOCK_K = 512, 8 warps won bench/gemv_sweep.py on every 8B
-shape (the qkv projection a tie). Triton software-pipelines only loads that feed a tl.dot, so
+contiguously along K. Triton software-pipelines only loads that feed a tl.dot, so
 num_stages does nothing here: the loop itself says how many chunks are in flight (gemv_tiles).
 """
 
@@ -31,13 +27,10 @@ import triton.language as tl
 from kernels._launch import check_device, check_float, check_last_dim_contiguous, num_sms
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
-# Tiles (bench/gemv_trials.py, H100, session 14): 4 rows a program, 8 warps. 512 columns a step,
-# one chunk in flight; with few programs (at most FEW_PROGRAMS_PER_SM an SM, the 1B model's
-# 2048-row projections) 1024 columns a step and two more chunks in flight, since each SM then holds
-# too few programs to cover DRAM latency with one chunk each (1B down 13.8 -> 12.6 us). Probed in the
-# engine in session 26 (bench/results/h100/qkv_rope_tile_session26/, calls 1, 2, 5, 10; 1B GPU step against
-# 0.989-0.990 ms): 2 or 4 warps everywhere, 8 rows, 2 rows on 4 or 2 warps or 1 row in the wide step all
-# slower or equal; 16 warps in the wide step or 4 for the LM head within the spread. Kept.
+# Tiles: 4 rows a program on 8 warps, 512 columns a step with one chunk in flight. Where the grid has few
+# programs (at most FEW_PROGRAMS_PER_SM an SM: the 1B model's 2048-row projections) each SM holds too few to
+# cover DRAM latency with one chunk each, so WIDE_TILE takes 1024 columns a step with two more in flight.
+# Other rows and warps were slower or equal in the engine (decisions 0014, 0017).
 TILE = {"BLOCK_N": 4, "BLOCK_K": 512, "PREFETCH": False, "num_warps": 8}
 WIDE_TILE = {"BLOCK_N": 4, "BLOCK_K": 1024, "PREFETCH": True, "num_warps": 8}
 FEW_PROGRAMS_PER_SM = 4
@@ -49,8 +42,7 @@ def x_tile(x_ptr, n, k, k_mask):
 
     Why not one [BLOCK_K] row broadcast: Triton loads that row in its own layout and moves it into
     the weight tile's through shared memory, two barriers a chunk that hold back the next chunk's
-    weight load. Each row of this tile reads the same addresses (L1 hits): 1-10% faster at the
-    Llama shapes (bench/results/h100/memory_bound_session14/gemv_trials.md, X2D).
+    weight load. Each row of this tile reads the same addresses, L1 hits (decision 0014).
     """
     return tl.load(x_ptr + k[None, :] + 0 * n[:, None], mask=k_mask[None, :], other=0.0).to(tl.float32)
 
@@ -66,7 +58,7 @@ def weight_chunk(rows, n_mask, k0, K, BLOCK_K: tl.constexpr):
 @triton.jit
 def gemv_rows(w, x_ptr, w_rows, n, n_mask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
     """sum_k w_rows[n, k] x[k] in fp32 ([BLOCK_N]), given the first chunk `w` (loaded by the caller, before
-    its PDL wait): the K loop and its load schedule (shared with bench/norm_epilogue_trials.py)."""
+    its PDL wait): the K loop and its load schedule."""
     if PREFETCH:  # chunk k + 1 is in flight at the top of step k, k + 2 issued in it
         w_next = weight_chunk(w_rows, n_mask, BLOCK_K, K, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -104,9 +96,8 @@ def _gemv_kernel(
     w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
     # The first chunk of weights is loaded before the wait for the kernel before (kernels/_pdl.py):
     # with PDL it streams while that kernel finishes.
-    # NOTE: a first chunk 2-4x wider (all of K at 1B) made the 1B / 8B steps 3-5x slower (H100,
-    # bench/results/h100/decode_ab_session10.md), so it is one loop chunk. So did an unrolled loop
-    # (2 or 4 chunks an iteration, their loads issued together): 1B 1.19 -> 1.21-1.23 ms, 8B 5.78 -> 5.99-6.17.
+    # NOTE: the first chunk is one loop chunk: a wider one, and an unrolled loop, made the step slower
+    # (decision 0012).
     k = tl.arange(0, BLOCK_K)
     w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
     pdl_wait(PDL)

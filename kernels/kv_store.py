@@ -9,15 +9,9 @@ Kernel: each program copies the keys and values of BLOCK_T consecutive tokens as
 one [BLOCK_T, BLOCK_H, BLOCK_D] tile per head chunk, K and V loaded before either
 is stored, so a program has 2 x BLOCK_T x BLOCK_H x BLOCK_D elements in flight
 (BLOCK_T from KV_STORE_TILE_ELEMENTS: as many tokens as fill 8192 elements of K).
-On an H100, timed the same way, one token per program moved 58% / 78% of copy bandwidth at
-4096 / 32768 tokens of a 2048-wide model and several tokens per program 65% / 89%; with the
-benchmark's later method (>= 16 calls per CUDA graph) 68% / 97% (bench/results/h100/kernels.md).
-The 4096-token figure is bound by the fixed cost of any kernel this small (16.8 MB in
-8.2 us, ~2.5 us of it launch and drain): the best of 20 swept shapes (1-16 tokens per
-program x 2-16 warps) reached 65.0%, the default 64.6%, in one run
-(bench/results/h100/kernels_sweeps_session3.md); in session 23's sweep (graph method) the best
-reached 74%, as torch's own device copy of the same bytes does (call9_small_tile_sweep.json in
-bench/results/h100/compiles_session23/). A token with slot -1 writes nothing.
+Several tokens a program, not one: the few-token rows of a narrow model are bound by the fixed cost of
+any kernel this small (launch, first DRAM round trip, write drain), which no tile removes; torch's own
+device copy of the same bytes reaches no more (decision 0034). A token with slot -1 writes nothing.
 k and v may be strided views (cut out of a fused qkv projection); the pool may be any
 [N, B, H, D] view with a contiguous head dim (kv_cache[0] and kv_cache[1] of the
 [2, N, B, H, D] pool).
@@ -41,11 +35,8 @@ from kernels._launch import (
 )
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
-# Elements a program moves per head chunk, K and V each: twice the other per-token kernels' TOKEN_TILE_ELEMENTS.
-# H100, 4 alternating rounds in one call, fraction of copy bandwidth (bench/results/h100/compiles_session23/
-# call10_kv_store_tiles.json): 4096 tokens of a 4096-wide model 82.8% -> 87.9% (8 tokens a program instead
-# of 4), 4096 x 8192 89.2 -> 90.6%, 4096 x 2048 and 32768 x 2048 unchanged (the spread rule keeps 8 tokens
-# there at 4096), 32768 x 4096 94.6 -> 94.4%.
+# Elements a program moves per head chunk, K and V each: twice the other per-token kernels' TOKEN_TILE_ELEMENTS,
+# which the wide models' rows need to reach the copy-bandwidth goal (decision 0034).
 KV_STORE_TILE_ELEMENTS = 2 * TOKEN_TILE_ELEMENTS
 
 

@@ -16,15 +16,14 @@ holds BLOCK_M rows = BLOCK_Q consecutive new tokens x the GROUP query heads that
 share the KV head, so each K/V tile is loaded once for the whole group. Programs
 find their sequence by binary search over query_start_loc: sequence s owns tiles
 query_start_loc[s] // BLOCK_Q + s onwards, so a grid of T // BLOCK_Q + S tiles
-covers every sequence without a host sync. (Running a sequence's heavy last tiles
-first measured 3-8% slower on an H100, so tiles run in order.) Keys are visited in BLOCK_N tiles whose
+covers every sequence without a host sync. (Tiles run in order: a sequence's heavy last tiles first
+was slower, decision 0012.) Keys are visited in BLOCK_N tiles whose
 rows are gathered through the block table (any block size); tiles wholly below the
 tile's first query position skip the causal mask, the last few apply it. Where a key tile
 fits inside one block (USE_TMA: 16-bit, power-of-two head dim, blocks of 64 tokens or a
 multiple on an H100/H200), the unmasked tiles are loaded as TMA boxes of the pool seen as
 [N * B, Hkv * D] instead, and so are the diagonal tiles but the one holding the sequence's end:
-no addresses to compute or hold (H100: 1.16-1.24x the gathers' default tiles with the unmasked
-tiles boxed; with the diagonal too, a later call, 1.21-1.31x those gathers' figures). Online
+no addresses to compute or hold (decision 0011). Online
 softmax in fp32 with exp2 and log2(e) folded into the scale; no T x L matrix is
 ever stored. Head dims that are not a power of two are padded with masked lanes.
 NOTE: query_start_loc[0] must be 0 and block_tables must hold a valid block id for
@@ -168,11 +167,9 @@ def _prefill_kernel(
 
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA")
 TMA_BLOCK_N = 64  # the key tile of the TMA path, which the pool's block size must be a multiple of
-# NOTE: below this many query tokens the TMA path gains no GPU time, and its two descriptors cost
-# ~30-45 us of host a launch, which Triton's launcher encodes at every call (H100, 8B heads: 128
-# tokens 10.3 vs 10.6 us GPU, 132 vs 102 us host; 512 tokens 21.3 vs 26.4 us GPU, 131 vs 95 us host;
-# bench/results/h100/memory_bound_session14/prefill_launch_cost.md). Eager prefill steps of short
-# prompts (and every layer's call) pay that host time; so those keep the pointer gathers.
+# NOTE: below this many query tokens the TMA path gains no GPU time, and its two descriptors cost host
+# time that Triton's launcher encodes at every call (decision 0011). Eager prefill steps of short
+# prompts (and every layer's call) would pay it; so those keep the pointer gathers.
 TMA_MIN_QUERY_TOKENS = 512
 
 
@@ -182,19 +179,12 @@ def _tile_config(head_dim: int, dtype: torch.dtype, group: int, max_query_len: i
     block size (`tma`: tma_fits; `tiles` overrides any of them).
 
     16-bit, D <= 128, a pool of blocks of 64 tokens or a multiple, at least TMA_MIN_QUERY_TOKENS
-    query tokens: 128 query rows, keys in TMA boxes
-    of 64, 4 warps and 3 stages (H100, bf16, GQA 32/8, D = 128: 338 / 423 / 471 / 503 / 518 TFLOP/s
-    at S = 1k / 2k / 4k / 8k / 16k, 1.27-1.50x SDPA flash in the same run, bench/results/h100/
-    block_size_64_session13/diagonal_boxes/; 2 or 4 stages within ~5%, 128-key boxes with 8 warps
-    274-490, bench/results/h100/prefill_trials_session13/tma/). A box must lie inside one block,
-    and two 16-token boxes a tile measured 9-18% below the pointer gathers, so smaller blocks keep
+    query tokens: 128 query rows, keys in TMA boxes of 64, 4 warps and 3 stages. A box must lie inside
+    one block, and two 16-token boxes a tile were slower than the pointer gathers, so smaller blocks keep
     those: keys in tiles of 32 with 4 warps and 4 stages for queries up to 4k, of 128 with 8 warps
-    and 3 stages beyond (`python -m bench.kernels --sweep`: 273 / 355 / 382 TFLOP/s at S = 1k / 4k /
-    16k for the first, 236 / 358 / 404 for the second). D = 256 and fp32 halve the tiles to fit
-    shared memory.
-    NOTE: the 4-warp, 128-row pointer tile spills: Nsight Compute shows 255 registers a thread and
-    163,840 local-memory spill requests at S = 1k (bench/results/h100/
-    kernels_ncu_session3_first_run.txt), 0.39 instructions issued per scheduler cycle. The
+    and 3 stages beyond, each the sweep's best for its lengths (decision 0011). D = 256 and fp32 halve the
+    tiles to fit shared memory.
+    NOTE: the 4-warp, 128-row pointer tile spills registers (Nsight Compute, decision 0011). The
     interpreter gets small tiles so that small test shapes still cross tile borders.
     """
     block_d = max(16, triton.next_power_of_2(head_dim))

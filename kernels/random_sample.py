@@ -5,7 +5,7 @@ Legend: S = rows (sequences that sample this step), V = vocabulary, C = chunks p
     row 0 the token ids, row 1 1 where every logit of the row is finite, else 0 (greedy_sample's
     packing, so the engine reads both with its step's one copy).
 
-Math (kernels/random_sample_ref.py's reference, which sorts; engine/sampler.py uses it):
+Math (engine/torch_sampling.py computes it by sorting: the engine's torch path and this kernel's reference):
 x = logits / temperature; the kept set K is
     top-k:  the k largest x (k = 0: every token),
     top-p:  tokens whose strictly larger tokens hold less than top_p of the probability mass
@@ -40,9 +40,9 @@ log differ by an ulp between libraries), or where the reference breaks ties by s
 keeps exactly k of several tokens tied at the k-th value, and cuts the nucleus inside a run of
 equal probabilities; here ties at the k-th value all stay, and equal tokens are in or out together.
 
-Why: the reference is ~40-60 small torch operations a sampled step (a sort of the whole vocabulary
-among them), each a launch from Python; at batch 1 the 1B model's sampled step was host-bound
-(H100, bench/results/h100/sampling_session11/README.md).
+Why: the torch path is ~40-60 small torch operations a sampled step (a sort of the whole vocabulary
+among them), each a launch from Python; at batch 1 a small model's sampled step was host-bound
+(decision 0004).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ PARAM_ROWS = ("temperature", "top_k", "top_p", "min_p", "key")
 
 @triton.jit
 def _mix32(x):
-    """random_sample_ref.mix32 on uint32 (its int64 products masked to 32 bits are these wrapping ones)."""
+    """engine.torch_sampling.mix32 on uint32 (its int64 products masked to 32 bits are these wrapping ones)."""
     x = x ^ (x >> 16)
     x = x * 0x21F0AAAD
     x = x ^ (x >> 15)
@@ -336,9 +336,8 @@ def pack_params(
 
 def asks_step_0(temperature: float, top_k: int, top_p: float) -> bool:
     """Whether a row's params make step 0 pay: it samples with top-k and top-p (which without step 0
-    always takes the single-program path). Top-k alone keeps the check: on an H100 step 0's four Triton
-    launches cost more host time a call than a peaked distribution's rare refusal (bench/results/h100/
-    sampling_session12/README.md)."""
+    always takes the single-program path). Top-k alone keeps the check: step 0's four Triton launches cost
+    more host time a call than a peaked distribution's rare refusal (decision 0004)."""
     return temperature > 0 and top_k > 0 and top_p < 1.0
 
 

@@ -18,10 +18,10 @@ rounded h, within the summation-order tolerance and one rounding of the output. 
 path also rounds the normalized input (and the gate|up output) to x's dtype, which this kernel
 does not: against it, 16-bit results differ by about one rounding of those intermediates.
 
-Why: at one token each RMSNorm and the SiLU-and-mul are tiny kernels (~2.5 us each, mostly
-launch and first-load latency) between weight-streaming projections; folding them into the
-projections removes up to three kernels a layer and their intermediate writes (the engine keeps
-SwiGLU apart above a hidden size of 2048, where it measured slower inside: engine/ops.py).
+Why: at one token each RMSNorm and the SiLU-and-mul are tiny kernels (mostly launch and first-load
+latency) between weight-streaming projections; folding them into the projections removes up to three
+kernels a layer and their intermediate writes. The engine keeps SwiGLU apart above a hidden size of 2048,
+where two row sets streamed slower than the kernel they saved (engine/ops.py, decision 0016).
 
 Kernel: as kernels/gemv.py (each program owns BLOCK_N output rows, walks K in BLOCK_K chunks,
 reduces a [BLOCK_N, BLOCK_K] fp32 tile once at the end). Every program reads all of h (and g)
@@ -42,18 +42,13 @@ from kernels.gemv import weight_chunk
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
-# Tiles: 8 rows a program, 512 columns a step, 4 warps. The sweep
-# (bench/fused_gemv_sweep.py, each shape alone) had 4 warps win every shape; the row count was chosen
-# in the engine (bench/decode_latency.py --tiles, H100 8B batch-1 step): 2 / 8 / 16 rows gave
-# 6.03 / 5.94 / 5.92 ms, although 2 rows led the sweep for the qkv shape alone (21.0 vs 21.5 us).
-# Module-level so that a benchmark can try others in the engine. PREFETCH 1 keeps the next chunk's
-# weight load in flight while a chunk is multiplied (kernels/gemv.py's wide schedule; Triton does not
-# pipeline these loads itself): written in session 14 without device time to measure it in the
-# engine, so it is off until `bench/decode_latency.py --tiles PREFETCH=1/swiglu:PREFETCH=1` decides.
+# Tiles: 8 rows a program, 512 columns a step, 4 warps. The row count is the engine's choice, not the per-shape
+# sweep's (decision 0016); module-level so that `bench/decode_latency.py --tiles` can try others in the engine.
+# PREFETCH 1 keeps the next chunk's weight load in flight while a chunk is multiplied (kernels/gemv.py's wide
+# schedule; Triton does not pipeline these loads itself); it made the step slower, so it is off (decision 0012).
 TILES = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3, "PREFETCH": 0}
-# With SwiGLU (hidden sizes up to 2048: Llama-3.2-1B, Qwen3-0.6B) 4 gate + 4 up rows on 2 warps: the 1B's GPU step
-# 1.020-1.021 -> 1.001-1.008 ms against 8 + 8 rows on 4 warps in the same H100 calls, 8 other tiles slower
-# (bench/results/h100/swiglu_tile_session25/; 4 rows on 1 warp 1.013, 2 rows on 1 warp 1.023).
+# With SwiGLU (hidden sizes up to 2048: Llama-3.2-1B, Qwen3-0.6B) 4 gate + 4 up rows on 2 warps, the fastest
+# of the tiles tried in the engine (decision 0016).
 SWIGLU_TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 2, "num_stages": 3, "PREFETCH": 0}
 TILE_KEYS = tuple(TILES)
 
@@ -101,7 +96,7 @@ def _rms_norm_gemv_kernel(
         up_rows = w_ptr + (n[:, None] + num_rows).to(tl.int64) * stride_wn
     # The first chunk of weights is loaded before the wait for the kernel before (kernels/_pdl.py):
     # with PDL it streams while that kernel finishes. The loop goes on from the second chunk (a wider
-    # first chunk was 3-5x slower: kernels/gemv.py).
+    # first chunk made the step slower: decision 0012).
     k = tl.arange(0, BLOCK_K)
     k_mask = k < K
     wk_mask = n_mask[:, None] & k_mask[None, :]

@@ -15,10 +15,8 @@ each head's halves a = y[:HALF], b = y[HALF:]. So qkv and the pool hold what the
 Precision contract: rms_norm_gemv_ref then rope_store_kv_ref within one rounding of the dtype: the
 unfused pair rounds y to the dtype before it rotates; this kernel rotates y in fp32 and rounds once.
 
-Why: at one token RoPE + KV store is a kernel of its own, ~2.9 us a layer on an H100 of which nearly
-all is launch and latency (bench/results/h100/kernels_small_pdl_session10.md, T = 1), and the
-rotation only needs, for each output row, its partner HALF rows away. Measured in the engine (H100,
-Llama-3.2-1B batch-1 GPU step, same call): 1.128 -> 1.106 ms (bench/results/h100/decode_path_session15/).
+Why: at one token RoPE + KV store is a kernel of its own whose time is nearly all launch and latency, and
+the rotation only needs, for each output row, its partner HALF rows away (decision 0017).
 
 Kernel: as rms_norm_gemv.py with SwiGLU's two row sets, but a program's row sets are BLOCK_N rows
 of one head's first half and their partners HALF rows below, so that each program holds whole
@@ -47,12 +45,8 @@ TILES = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4}
 # Where the grid has few programs an SM at TILES (kernels/gemv.py's few_programs_per_sm, its rule for
 # its wide step: Llama-3.2-1B's 384 programs, Qwen2-0.5B's 144), 1024-column chunks: half of the weights
 # then load before the PDL wait and the K loop is half as long, which a program that has an SM nearly to
-# itself needs to cover DRAM latency. Since session 26 on 2 + 2 rows and 4 warps: twice the programs, 32
-# weights a thread a chunk. H100, 1B GPU step, same calls (bench/results/h100/qkv_rope_tile_session26/):
-# 4 + 4 rows on 8 warps (session 16's wide tile) 1.006-1.008 ms, on 4 warps 0.996, on 2 warps 1.006; 2 + 2
-# rows on 4 warps 0.989-0.991, on 2 warps 0.996, all of K in one chunk 0.999; 1 + 1 on 1 warp 1.006.
-# At 8B (768 programs) the 1024-column tile cost 48 us (decode_path_session15/, call 6), so the
-# many-program grids keep TILES. All of K (2048) in one chunk, 4 + 4 rows: 27 us slower (session 16).
+# itself needs to cover DRAM latency. On 2 + 2 rows and 4 warps: twice the programs, 32 weights a thread a
+# chunk. Many-program grids (the 8B's) keep TILES, where the wide tile was slower (decision 0017).
 WIDE_TILES = {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 4}
 TILE_KEYS = tuple(TILES)
 
@@ -105,9 +99,7 @@ def _rms_norm_qkv_rope_kernel(
     slot = tl.load(slot_ptr).to(tl.int64)
     pdl_wait(PDL)
     # NOTE: the cos/sin row is issued here, in flight during the loop, and not before the wait: it waits
-    # for the position, and a chain of loads there stalls a program that starts late (H100, 1B step:
-    # with it before the wait the fused step was 5 us slower than the unfused one, 1.110 vs 1.105 ms of GPU;
-    # here they are equal, 1.108-1.110 both: bench/results/h100/decode_path_session15/)
+    # for the position, and a chain of loads there stalls a program that starts late (decision 0017)
     cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + j).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + j).to(tl.float32)
     hg, sum_sq = normed_chunk(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, k, k_mask, pid, HAS_RESIDUAL)

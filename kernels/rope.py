@@ -131,9 +131,8 @@ def rope_tiles(q: torch.Tensor, k: torch.Tensor, tiles: dict | None) -> dict:
     half = q.shape[2] // 2
     block_half = triton.next_power_of_2(half)
     block_h = min(triton.next_power_of_2(max(q.shape[1], k.shape[1])), max(1, TOKEN_TILE_ELEMENTS // block_half))
-    # NOTE: one token per program on the GPU: 2 to 16 measured no better at 4096 tokens and
-    # 3% worse at 32768 (H100, bench/results/h100/kernels_sweeps_session3.md); the rotation of a
-    # token's heads already gives each program 2-5 KB to move.
+    # NOTE: one token per program on the GPU: the rotation of a token's heads already gives each program
+    # 2-5 KB to move, and more tokens a program measured no better (decision 0034).
     config = token_tile(q.shape[0], block_h * block_half, q.device, tiles, max_tokens=1)
     return dict(HALF=half, BLOCK_HALF=block_half, BLOCK_H=block_h, **config)
 

@@ -18,9 +18,8 @@ stores it), then rotated: q <- rope(rmsnorm(q)), k_cache[slot] <- rope(rmsnorm(k
 Precision: as rms_norm_ref then rope_store_kv_ref, within one rounding of the dtype
 (the sum of squares is taken in another order than the norm kernel's).
 
-Why fused: at batch 1 each of the two kernels is a fixed ~2.5 us launch-and-latency
-cost per layer on an H100 (bench/results/h100/kernels.md, T = 1 rows), and the
-unfused pair moves k through memory twice (rotated in place, then copied). Qwen3's
+Why fused: at batch 1 each of the two kernels is a fixed launch-and-latency cost per layer, and the
+unfused pair moves k through memory twice (rotated in place, then copied) (decision 0013). Qwen3's
 q and k norms were two more such kernels per layer, each writing a new copy of q or k.
 
 Kernel: each program takes BLOCK_T consecutive tokens: loads their positions,
@@ -175,10 +174,9 @@ def rope_store_kv(
     if num_tokens == 0:
         return
     config = rope_tiles(q, k, tiles)
-    # NOTE: k and v take chunks of their own heads' width, not q's (4 lanes, not 16, at GQA 4): 54 -> 46 registers
-    # and, H100, 4096 tokens of a 2048-wide model 82.2% -> 85.4% of copy bandwidth, every other row of >= 4096
-    # tokens 0.9-3.4 points up (bench/results/h100/compiles_session23/, call 12). RoPE alone measured 0.4-0.6
-    # points down with it, so rope.py keeps q's width for k.
+    # NOTE: k and v take chunks of their own heads' width, not q's (4 lanes, not 16, at GQA 4): fewer registers
+    # and more of the copy bandwidth here; RoPE alone measured slower with it, so rope.py keeps q's width for k
+    # (decision 0034).
     block_hk = min(triton.next_power_of_2(k.shape[1]), config["BLOCK_H"])
     q_norm, k_norm, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     _rope_store_kv_kernel[(triton.cdiv(num_tokens, config["BLOCK_T"]),)](

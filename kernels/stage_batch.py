@@ -13,10 +13,8 @@ mapped into the device's address space) and writes:
 
 Why a kernel and not copies: two host-to-device copies, the pending tokens' gather and the block
 table's strided copy were four stream ops on two engines (the copy engine, then the SMs) at the head
-of every step. With the queue full, such copy-engine ops cost ~20 us a step on an H100 beyond their
-own work, against ~9 us for kernels that read and write pinned memory themselves
-(bench/stream_transition_trials.py;
-bench/results/h100/zero_copy_session22/stream_transition_trials.md).
+of every step. With the queue full, such copy-engine ops cost more beyond their own work than
+kernels that read and write pinned memory themselves (decision 0021).
 
 NOTE: launch it without PDL, and let a kernel launched without PDL come after it (the embedding):
 kernels launched with PDL read the step's metadata before their griddepcontrol.wait

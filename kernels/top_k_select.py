@@ -10,7 +10,7 @@ prefix is the k-th largest value exactly (ties included: the k-th value of the s
   program counts its share, the last of a row (a ticket, greedy_sample's pattern) adds the C
   histograms and picks the digit. Four launches, because every digit needs the ones before it.
   At batch 1 over a 128k vocabulary that is 63 programs a pass against one SM reading the row four
-  times (~0.5 ms of GPU a sampled step; bench/results/h100/sampling_session11/README.md).
+  times (decision 0004).
 
 Precision contract: exact (integer counts over the fp32 values the race reads).
 """

@@ -2,9 +2,9 @@
 device-to-host copy would take the copy engine: dst[i] = src[i] for a contiguous int64 [N], N small
 (the [2, S] tokens and finiteness flags of a step).
 
-Why: at the tail of every step the copy engine's op cost more than its few bytes (kernels/stage_batch.py
-says how it was measured). The host reads dst after an event recorded behind this kernel: the kernel's
-completion makes its writes to mapped host memory visible to the host.
+Why: at the tail of every step the copy engine's op costs more than its few bytes (decision 0021). The host
+reads dst after an event recorded behind this kernel: the kernel's completion makes its writes to mapped host
+memory visible to the host.
 """
 
 from __future__ import annotations

@@ -27,11 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     apply_cpu_threads(settings.cpu_threads, resolve_device(settings.device))
     worker = Worker(settings)
     # NOTE: the engine's start leaves a few 100k long-lived Python objects (model, tokenizer,
-    # imports) that every full garbage collection would walk again: ~170 ms on a 2-core machine,
-    # landing in some step. Freezing them keeps those collections short. (On an H100, batch-1
-    # decode with async scheduling had a mean 13% over its median step without the freeze and none
-    # with it, one run each; a synchronous run with the freeze still had 6.8 ms steps against a
-    # 1.5 ms median, so not every outlier step is the collector's.) Done here, once per process, not in the engine:
+    # imports) that every full garbage collection would walk again, landing in some step. Freezing
+    # them keeps those collections short (decision 0007). Done here, once per process, not in the engine:
     # frozen objects are never collected, so a process that builds several engines would leak them.
     gc.collect()
     gc.freeze()

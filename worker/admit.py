@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.intake import Delivery
+from worker.event_publisher import Batch, EventWrite
 from worker.job import Job
 from worker.protocol import (
     Keys,
@@ -36,8 +36,8 @@ from worker.protocol import (
     encode_dead_letter,
     request_id_of,
 )
-from worker.publisher import Batch, EventWrite
 from worker.resume import PriorOutput, parse_priors, queue_prior_reads
+from worker.stream_reader import Delivery
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class Admitter:
         """What each result stream already holds, and which of the requests were cancelled: one round trip,
         which also claims each candidate's request id (sets `owner` on the candidates that are duplicates)."""
         # NOTE: one pipeline, not two: at low load the admission's reads lie on the path to the first token
-        # (bench/ttft_path.py), and each round trip is one more wait on Redis before the prefill starts.
+        # (decision 0029), and each round trip is one more wait on Redis before the prefill starts.
         if not streams and not request_ids:
             return [], set()
         pipe = self.client.pipeline(transaction=False)

@@ -4,10 +4,9 @@ reads that counter once per step and, only when it moved, the cancel keys of eve
 runs (one MGET).
 
 # NOTE: the counter keeps the per-step read one small GET instead of an MGET over every running
-# request's key (0.34 ms for 256 keys vs 0.14 ms for the GET on an idle local Redis). Under the
-# service benchmark's load the GET's round trip still took 0.6-1.3 ms a step when the loop waited
-# for it (bench/results/h100/service_history.md), so the loop sends the check of step k before
-# the engine schedules it and reads the reply after step k's outputs (worker/step_reads.py).
+# request's key. Even so a waited round trip is a large share of a step under load, so the loop sends
+# the check of step k before the engine schedules it and reads the reply after step k's outputs
+# (worker/deferred_replies.py, decision 0025).
 # A canceller that sets the key without the INCR (older clients) is still seen: every
 # FULL_CHECK_S the worker reads every key regardless. The guarantee the tests assert: a cancel
 # that moved the counter before the check of step k was sent frees its KV blocks before step
@@ -29,7 +28,7 @@ class CancelWatch:
     """Reads cancel keys when the cancel counter moved, or FULL_CHECK_S after the last full read.
 
     A check is split in two so that the loop can send it early and read its replies later
-    (worker/step_reads.py): `commands` says what to send, `resolve` reads the replies. `check`
+    (worker/deferred_replies.py): `commands` says what to send, `resolve` reads the replies. `check`
     does both in round trips of its own.
 
     Args:
@@ -78,6 +77,15 @@ class CancelWatch:
         values = client.mget([self.keys.cancel(request_id) for request_id in request_ids])
         return self.resolve(request_ids, [counter, values]) or []
 
+    def cancelled(self, client: redis.Redis, request_ids: list[str], replies: list) -> list[str]:
+        """The cancelled requests from the replies to `commands(request_ids)` (a command Redis refused raises its
+        error), with the full read now where the counter moved and no MGET went with it."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        found = self.resolve(request_ids, replies)
+        return self.read_keys(client, request_ids, replies[0]) if found is None else found
+
     def check(self, client: redis.Redis, request_ids: list[str]) -> list[str]:
         """The running requests that were cancelled (one round trip, plus one MGET when needed)."""
         commands = self.commands(request_ids)
@@ -86,6 +94,4 @@ class CancelWatch:
         pipe = client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
-        replies = pipe.execute()
-        found = self.resolve(request_ids, replies)
-        return self.read_keys(client, request_ids, replies[0]) if found is None else found
+        return self.cancelled(client, request_ids, pipe.execute())

@@ -17,12 +17,26 @@ from collections.abc import Callable
 import redis
 
 from worker.metrics import WorkerMetrics
-from worker.protocol import Keys, ModelInfo, WorkerHeartbeat
+from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, tokenizer_fields
 from worker.redis_client import CONNECTION_ERRORS
 
 logger = logging.getLogger(__name__)
 
 TRIM_INTERVAL_S = 30.0
+
+
+def model_record(engine, model_name: str) -> tuple[ModelInfo, dict[str, str]]:
+    """The served model's record and its tokenizer's fields, from the engine (publish_model_info writes them)."""
+    info = ModelInfo(
+        model=model_name,
+        max_model_len=engine.max_model_len,
+        vocab_size=engine.vocab_size,
+        eos_token_ids=sorted(engine.eos_token_ids),
+        default_max_tokens=engine.generation_defaults.max_tokens,
+    )
+    tok = engine.tokenizer
+    template, bos, eos = tok.chat_template or "", tok.bos_token or "", tok.eos_token or ""
+    return info, tokenizer_fields(tok.backend_tokenizer.to_str(), template, bos, eos)
 
 
 def publish_model_info(client: redis.Redis, keys: Keys, info: ModelInfo, tokenizer: dict[str, str]) -> None:

@@ -2,7 +2,7 @@
 
 A message a live worker holds never looks idle: a thread re-claims it (XCLAIM ... JUSTID, which
 resets its idle time without counting a delivery) every lease_ms / 3. A message idle longer than
-lease_ms therefore belongs to a worker that died or froze, and `Intake.claim_abandoned`
+lease_ms therefore belongs to a worker that died or froze, and `StreamReader.claim_abandoned`
 (XAUTOCLAIM) may take it.
 
 Renewal is one Lua script so that checking the owner and re-claiming are atomic: a message

@@ -8,10 +8,11 @@ Each iteration of `Worker.run`:
 4. one engine step; its outputs become events handed to the publisher (a child process by default;
    no Redis wait), after them the aborts of the requests found cancelled.
 While the engine has work, the reads ride the steps: each step first sends its cancel check and
-read of new messages without waiting (`_send_step_reads`, worker/step_reads.py), then runs the
-engine, and reads their replies once the step's outputs are turned into events and handed to the
+read of new messages without waiting (`MessageIntake.send_step_reads`, worker/deferred_replies.py), then
+runs the engine, and reads their replies once the step's outputs are turned into events and handed to the
 publisher, so the round trip overlaps the GPU and the loop's own work. No read outlives its step.
-The next iteration admits the messages found. Reading and admitting live in worker/loop_intake.py.
+The next iteration admits the messages found. Reading and admitting are the Worker's MessageIntake
+(worker/message_intake.py).
 
 Redis going away never loses engine state: the loop's Redis calls back off and retry, the engine
 keeps stepping, the publisher keeps the events until Redis is back.
@@ -28,29 +29,28 @@ import redis
 
 from worker.admit import Admitter
 from worker.cancel import CancelWatch
-from worker.heartbeat import Heartbeat, publish_model_info
+from worker.deferred_replies import DeferredReplies
+from worker.event_publisher import Batch, Publisher
+from worker.event_publisher_process import PublisherProcess
+from worker.events_from_outputs import abort_events, events_for_outputs, write
+from worker.heartbeat import Heartbeat, model_record, publish_model_info
 from worker.held import HeldMessages
-from worker.intake import Intake
 from worker.job import Job
 from worker.lease import LeaseKeeper
-from worker.loop_intake import IntakeLoop, StepReadsSent
+from worker.message_intake import MessageIntake
 from worker.metrics import WorkerMetrics
-from worker.outputs import abort_events, events_for_outputs, write
-from worker.protocol import Keys, ModelInfo, WorkerHeartbeat, make_consumer_name, tokenizer_fields
-from worker.publisher import Batch, Publisher
-from worker.publisher_process import PublisherProcess
+from worker.protocol import Keys, WorkerHeartbeat, make_consumer_name
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
 from worker.step_log import STEP_LOG_SIZE, StepLog, parent_id
-from worker.step_reads import DeferredReplies
-from worker.window import BatchWindow
+from worker.stream_reader import StreamReader
 
 logger = logging.getLogger(__name__)
 
 PUBLISHER_CLOSE_TIMEOUT_S = 5.0
 
 
-class Worker(IntakeLoop):
+class Worker:
     """Args:
     settings: worker settings.
     engine: an LLMEngine to use (tests share one); built from the settings when None.
@@ -70,12 +70,6 @@ class Worker(IntakeLoop):
         self.metrics = WorkerMetrics()
         self.held = HeldMessages()
         self.cancels = CancelWatch(self.keys)
-        self.step_reads = DeferredReplies(self.client)
-        self._step_reads_sent: StepReadsSent | None = None
-        self.intake = Intake(self.client, self.keys, self.consumer, settings.lease_ms)
-        self.admitter = Admitter(
-            self.engine, self.client, self.keys, self.consumer, settings.max_deliveries, settings.result_ttl_s
-        )
         callbacks = {"on_lost": self.held.report_lost_request, "on_written": self._count_written}
         self.publisher: Publisher | PublisherProcess
         if settings.publisher_process:
@@ -92,6 +86,12 @@ class Worker(IntakeLoop):
             on_lost=self.held.report_lost_messages,
             on_renewed=self.metrics.lease_renewals.inc,
         )
+        self.jobs: dict[str, Job] = {}  # request id -> job in the engine
+        reader = StreamReader(self.client, self.keys, self.consumer, settings.lease_ms)
+        admitter = Admitter(engine, self.client, self.keys, self.consumer, settings.max_deliveries,
+                            settings.result_ttl_s)  # fmt: skip
+        self.intake = MessageIntake(settings, engine, self.jobs, reader, DeferredReplies(self.client), admitter,
+                                    self.held, self.cancels, self.publisher, self.metrics)  # fmt: skip
         self.heartbeat = Heartbeat(
             self.client,
             self.keys,
@@ -99,18 +99,14 @@ class Worker(IntakeLoop):
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
             self.metrics,
-            trim=self.intake.trim_acknowledged if settings.trim_requests else None,
+            trim=self.intake.reader.trim_acknowledged if settings.trim_requests else None,
         )
-        self.jobs: dict[str, Job] = {}  # request id -> job in the engine
-        self.window = BatchWindow(settings.batch_window_ms, settings.batch_window_gap_ms)
         self.step_log: deque[StepLog] = deque(maxlen=STEP_LOG_SIZE)
         self.started = time.time()
         self.ready = threading.Event()  # set when the loop starts reading
         self.redis_backoff = Backoff()
         self._stop = threading.Event()
         self._drain_deadline: float | None = None
-        self._need_own_pending = True
-        self._next_claim_at = 0.0
         self._last_stats = self.engine.stats()
         self._snapshot = self._make_snapshot()
 
@@ -138,20 +134,10 @@ class Worker(IntakeLoop):
     # ---- start and stop ----------------------------------------------------------------------------
     def _start(self) -> None:
         self.metrics.serve(self.settings.metrics_port)
-        info = ModelInfo(
-            model=self.settings.model_name,
-            max_model_len=self.engine.max_model_len,
-            vocab_size=self.engine.vocab_size,
-            eos_token_ids=sorted(self.engine.eos_token_ids),
-            default_max_tokens=self.engine.generation_defaults.max_tokens,
-        )
-        tok = self.engine.tokenizer
-        tokenizer = tokenizer_fields(
-            tok.backend_tokenizer.to_str(), tok.chat_template or "", tok.bos_token or "", tok.eos_token or ""
-        )
+        info, tokenizer = model_record(self.engine, self.settings.model_name)
         while not self._stop.is_set():
             try:
-                self.intake.ensure_group()
+                self.intake.reader.ensure_group()
                 publish_model_info(self.client, self.keys, info, tokenizer)
                 break
             except CONNECTION_ERRORS as exc:
@@ -176,7 +162,7 @@ class Worker(IntakeLoop):
     def _hand_off(self, which) -> None:
         """Give messages back to the group at once: they look idle, so a live worker claims them now
         and resumes them from their result streams."""
-        batch = Batch(handoffs=[d.message_id for d in self.window.take()])
+        batch = Batch(handoffs=[d.message_id for d in self.intake.window.take()])
         for job in [job for job in self.jobs.values() if which(job)]:
             self.engine.abort_request(job.request_id)
             del self.jobs[job.request_id]
@@ -194,7 +180,7 @@ class Worker(IntakeLoop):
         if not self.publisher.close(PUBLISHER_CLOSE_TIMEOUT_S):
             logger.error("exiting with %d unwritten batch(es); they resume elsewhere", self.publisher.num_pending)
         self.heartbeat.stop()
-        self.step_reads.close()
+        self.intake.replies.close()
         self.client.close()
         logger.info("worker %s stopped", self.consumer)
 
@@ -202,7 +188,7 @@ class Worker(IntakeLoop):
     def _iteration(self) -> None:
         self._drop_lost()
         if self.engine.has_unfinished_requests():
-            # Busy: new messages were read over the last step (_send_step_reads); admitting them
+            # Busy: new messages were read over the last step (the step's reads); admitting them
             # changes the engine, so it happens here.
             self._admit_if_due()
         elif not self.is_draining:
@@ -234,8 +220,41 @@ class Worker(IntakeLoop):
             return
         if reached and self.redis_backoff.is_failing:
             logger.info("Redis is back")
-            self._need_own_pending = True  # messages delivered to us that we may not hold
+            self.intake.need_own_pending = True  # messages delivered to us that we may not hold
             self.redis_backoff.success()
+
+    # ---- intake (worker/message_intake.py) ---------------------------------------------------------------------
+    def _intake(self) -> None:
+        if self._redis_usable():
+            self._redis_call(self._read_and_admit)
+        elif not self.engine.has_unfinished_requests():
+            time.sleep(min(0.05, max(0.0, self.redis_backoff.retry_at - time.monotonic())))
+
+    def _read_and_admit(self) -> bool:
+        """Own pending first, then abandoned messages, then new ones. Returns whether it reached Redis."""
+        reached = self.intake.read(self._last_stats.num_free_kv_tokens)
+        return self._admit_window_if_due() or reached
+
+    def _admit_if_due(self) -> None:
+        """While busy: admit what the reads during the last step gathered, once the window is due."""
+        if self._redis_usable():
+            self._redis_call(self._admit_window_if_due)
+
+    def _admit_window_if_due(self) -> bool:
+        admitted = self.intake.admit_if_due()
+        if admitted:
+            self._snapshot = self._make_snapshot()
+        return admitted
+
+    def _send_reads_for_step(self) -> None:
+        """Send the step's reads (new messages, the cancel check) without waiting, before the engine
+        schedules it; `_finish_step_reads` reads their replies after the step's outputs."""
+        try:
+            if self._redis_usable():
+                free_kv_tokens = self._last_stats.num_free_kv_tokens
+                self._redis_call(lambda: self.intake.send_step_reads(free_kv_tokens, draining=self.is_draining))
+        except Exception:  # a bug here must not fail the step's requests
+            logger.exception("sending a step's reads to Redis failed")
 
     # ---- cancels, deadlines, takeovers -------------------------------------------------------------
     def _check_cancels(self) -> bool:
@@ -248,29 +267,19 @@ class Worker(IntakeLoop):
         return True
 
     def _finish_step_reads(self, batch: Batch) -> bool:
-        """After a step's outputs: read the replies of what `_send_step_reads` sent for it (new
-        messages go to the window; cancels are aborted, their events and acks into `batch`, which is
-        submitted after the step's own). Where nothing was sent (no commands, or Redis was away),
-        the cancels are checked in round trips of their own."""
-        sent, self._step_reads_sent = self._step_reads_sent, None
-        if sent is None:  # the round trips the step could not carry
+        """After a step's outputs: read the replies of what the step's reads sent (new messages go to the
+        window; cancels are aborted, their events and acks into `batch`, which is submitted after the step's
+        own). Where nothing was sent (no commands, or Redis was away), the cancels are checked in round trips
+        of their own."""
+        received = self.intake.receive_step_reads()
+        if received is None:  # the round trips the step could not carry
             if not self.jobs:
                 return False
             self._abort_cancelled(self.cancels.check(self.client, list(self.jobs)), batch)
             return True
-        replies = self.step_reads.receive()
-        if sent.read_new:
-            self._receive(self.intake.new_deliveries(replies[sent.num_cancel_commands]))
-        if not sent.num_cancel_commands:
-            return True
-        cancel_replies = replies[: sent.num_cancel_commands]
-        for reply in cancel_replies:
-            if isinstance(reply, Exception):
-                raise reply
-        found = self.cancels.resolve(sent.cancel_ids, cancel_replies)
-        if found is None:  # the counter moved: read the keys now
-            found = self.cancels.read_keys(self.client, sent.cancel_ids, cancel_replies[0])
-        self._abort_cancelled(found, batch)
+        cancel_ids, cancel_replies = received
+        if cancel_replies:
+            self._abort_cancelled(self.cancels.cancelled(self.client, cancel_ids, cancel_replies), batch)
         return True
 
     def _abort_cancelled(self, request_ids: list[str], batch: Batch) -> None:
@@ -300,7 +309,7 @@ class Worker(IntakeLoop):
         """Another worker owns these now (we froze past our lease): stop working on them, silently."""
         for kind, lost_id in self.held.drain_lost():
             if kind == "message":
-                self.window.remove(lost_id)
+                self.intake.window.remove(lost_id)
                 self.held.release([lost_id])
                 job = next((j for j in self.jobs.values() if j.message_id == lost_id), None)
             else:
@@ -313,10 +322,8 @@ class Worker(IntakeLoop):
     # ---- stepping ----------------------------------------------------------------------------------
     def _step(self) -> None:
         # NOTE: the step's reads go out first, before the engine schedules it: Redis answers them before the
-        # publisher's script of the last step's events reaches it (the child spends ~1-3 ms encoding them; sent
-        # once the forward was launched, a tenth of the reads queued 0.6-1.5 ms behind it), and their replies
-        # have the whole step to come back. The loop's remaining waits are rare stretches of Redis being busy
-        # for 6-50 ms (bench/results/h100/session31/).
+        # publisher's script of the last step's events reaches it, and their replies have the whole step to
+        # come back (decision 0025).
         self._send_reads_for_step()
         started = time.monotonic()
         outputs = self.engine.step()
@@ -334,7 +341,7 @@ class Worker(IntakeLoop):
         # reads, so that the tokens reach the clients sooner. Aborts of cancelled requests follow in a
         # batch of their own, after this step's tokens.
         self.publisher.submit(batch)
-        if self._step_reads_sent is not None or (self.jobs and self._redis_usable()):
+        if self.intake.has_sent_reads or (self.jobs and self._redis_usable()):
             aborts = Batch()
             self._redis_call(lambda: self._finish_step_reads(aborts))
             self.publisher.submit(aborts)
@@ -387,6 +394,6 @@ class Worker(IntakeLoop):
             started=self.started,
             ts=time.time(),
             running=stats.num_running,
-            waiting=stats.num_waiting + len(self.window),
+            waiting=stats.num_waiting + len(self.intake.window),
             free_kv_tokens=stats.num_free_kv_tokens,
         )

@@ -5,8 +5,7 @@ instead of trickling in one per step.
 The window also closes once arrivals pause: when nothing new came for `gap_ms` (a quarter of the
 window unless set). A lone request at low load then waits the gap, not the whole window, while a
 burst, whose arrivals keep coming, still gathers for the whole window (as interrupt coalescing
-closes on a count, a timeout or a quiet spell). Measured on an H100: bench/results/h100/
-service_history.md (2026-11-24 13:4x).
+closes on a count, a timeout or a quiet spell). Decision 0026 has the measurements.
 
 The window never stalls running requests: while it is open the engine keeps decoding, and reads
 only block (up to the window's next deadline) when the engine is idle.
@@ -16,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from worker.intake import Delivery
+from worker.stream_reader import Delivery
 
 # The gap, as a fraction of the window, when it is not set.
 DEFAULT_GAP_FRACTION = 0.25

@@ -1,6 +1,6 @@
 """Talking to the API's side of Redis the way a worker would, for tests without a real worker.
 
-Everything here writes or reads the documented wire contract (worker/protocol.py) and the
+Everything here writes or reads the documented wire contract (worker/protocol/) and the
 `{prefix}:tokenizer` hash, so a test that uses it is a contract test of the API side.
 """
 

@@ -87,7 +87,7 @@ def test_prompt_logprobs_match_transformers_in_one_step_and_in_chunks(
     whole = make_engine(tiny_llama_dir, max_num_batched_tokens=2048, async_scheduling=async_scheduling)
     (again,) = run(whole, {"a": (prompts[0], asks)})["a"]
     assert_matches(again, prompts[0], reference(prompts[0]), TOP)  # the whole prompt in one step
-    assert not engine._prompt_logprob_ids and not whole._prompt_logprob_ids
+    assert not engine.live.prompt_logprob_ids and not whole.live.prompt_logprob_ids
 
 
 def test_prompt_logprobs_skip_the_prefix_cache_and_survive_preemption(tiny_llama_dir: Path, reference):

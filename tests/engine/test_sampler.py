@@ -12,15 +12,9 @@ from transformers.generation.logits_process import (
 )
 
 from engine.request import Request
-from engine.sampler import (
-    Sampler,
-    filter_top_k_top_p_min_p,
-    sampling_key,
-    sampling_keys,
-    seeded_uniform,
-    uniform_from_keys,
-)
+from engine.sampler import Sampler, sampling_key, sampling_keys, seeded_uniform
 from engine.sampling_params import MAX_SEED, SamplingParams
+from engine.torch_sampling import filter_top_k_top_p_min_p, uniform_from_keys
 
 V = 50
 

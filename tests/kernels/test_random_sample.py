@@ -1,4 +1,4 @@
-"""The sort-free sampling kernel against the engine's sorting reference (engine/sampler.py).
+"""The sort-free sampling kernel against the engine's sorting torch sampler (engine/torch_sampling.py).
 
 The kernel and the reference draw the same noise (the (seed, position, token) hash) and keep the same
 sets, so they pick the same token. The one licence of the precision contract: where the two disagree,
@@ -17,9 +17,9 @@ import torch
 from engine.request import Request
 from engine.sampler import Sampler, sampling_key
 from engine.sampling_params import SamplingParams
+from engine.torch_sampling import filter_top_k_top_p_min_p, mix32, random_sample_torch, uniform_from_keys
 from kernels.greedy_sample import row_chunks
 from kernels.random_sample import asks_step_0, pack_params, random_sample, wants_step_0
-from kernels.random_sample_ref import filter_top_k_top_p_min_p, mix32, random_sample_ref, uniform_from_keys
 from kernels.top_k_select import top_k_thresholds
 
 # (temperature, top_k, top_p, min_p): each filter alone, all together, greedy and plain temperature
@@ -173,7 +173,7 @@ def test_the_top_noise_cell_is_a_draw_like_any_other(device):
     logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(2))
     logits[1, 3] = logits[1].max() - 30  # far below the rest: even that noise cannot lift it
     params = pack_params([1.0, 1.0], [0, 0], [1.0, 1.0], [0.0, 0.0], [key, key])
-    want = random_sample_ref(logits, params)[0].tolist()
+    want = random_sample_torch(logits, params)[0].tolist()
     assert want[0] == 3 and want[1] != 3
     assert random_sample(logits.to(device), params.to(device))[0].tolist() == want
 
@@ -209,7 +209,7 @@ def test_launcher_names_what_it_rejects(device):
 
 
 def test_references_agree_with_the_engine_sampler():
-    """The test's scoring reference and random_sample_ref give the tokens of the engine's Sampler on
+    """The test's scoring reference and random_sample_torch give the tokens of the engine's Sampler on
     real requests (its path for penalties and logprobs, and on the CPU)."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(len(CONFIGS), 300, generator=gen) * 2
@@ -221,7 +221,7 @@ def test_references_agree_with_the_engine_sampler():
     tokens, _, _ = Sampler().sample(logits, requests)
     assert tokens.tolist() == _reference(logits, CONFIGS, seeds, positions)[0]
     params = _params(CONFIGS, seeds, positions, torch.device("cpu"))
-    assert random_sample_ref(logits, params)[0].tolist() == tokens.tolist()
+    assert random_sample_torch(logits, params)[0].tolist() == tokens.tolist()
 
 
 @pytest.mark.parametrize("chunks", [1, 3])

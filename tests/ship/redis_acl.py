@@ -61,7 +61,7 @@ METHOD_COMMANDS: dict[str, set[str]] = {
 NOT_COMMANDS = {"pipeline", "execute", "pubsub", "get_message", "close", "aclose", "from_url", "call", "pcall"}
 NOT_COMMANDS |= {"execute_command"}  # its command is its first argument: _RAW_COMMAND reads it
 NOT_COMMANDS |= {"asyncio", "exceptions", "backoff", "retry"}
-NOT_COMMANDS |= {"connection_pool"}  # an attribute: worker/step_reads.py makes its connection from it
+NOT_COMMANDS |= {"connection_pool"}  # an attribute: worker/deferred_replies.py makes its connection from it
 # NOTE: redis-py health checks (health_check_interval) send PING on idle connections in both
 # services, whether or not the code calls ping() itself.
 IMPLICIT = {"ping"}

@@ -110,7 +110,7 @@ def test_up_starts_redis_a_worker_and_the_api_and_says_how_to_call_it(inferq_up:
     def kind(cmd: str) -> str:
         if "redis-server" in cmd:
             return "redis"
-        if "-m worker.publisher_process" in cmd:  # the worker's event writer (INFERQ_PUBLISHER_PROCESS)
+        if "-m worker.event_publisher_process" in cmd:  # the worker's event writer (INFERQ_PUBLISHER_PROCESS)
             return "publisher"
         return "worker" if "-m worker" in cmd else "api" if "-m api" in cmd else cmd
 

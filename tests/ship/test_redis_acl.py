@@ -30,9 +30,9 @@ from tests.ship.dockerfiles import compose_config
 from tests.ship.redis_acl import PASSWORDS, REDIS_CONF, REDIS_DIR, commands_used, granted_commands, render
 from tests.ship.stack import child_env
 from tests.worker.harness import ThreadWorker, make_settings, submit, wait_complete
-from worker.intake import Intake
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys
+from worker.stream_reader import StreamReader
 
 PREFIX = "inferq"  # the ACL names keys under the default prefix
 KEYS = Keys(PREFIX)
@@ -136,9 +136,9 @@ def test_worker_and_api_serve_as_restricted_users(
     worker_url, api_url = _url(acl_server, "worker"), _url(acl_server, "api")
     worker_client = redis.Redis.from_url(worker_url)
 
-    # An intake of its own (as the worker user) holds one message first: the running worker must
+    # A stream reader of its own (as the worker user) holds one message first: the running worker must
     # take it over once its lease lapses (XAUTOCLAIM), after the probe renewed it (Lua XCLAIM).
-    probe = Intake(worker_client, KEYS, "acl-probe", lease_ms=1500)
+    probe = StreamReader(worker_client, KEYS, "acl-probe", lease_ms=1500)
     probe.ensure_group()
     submit(admin_bytes, KEYS, "claimed-1", prompt="hello", params={"max_tokens": 4, "temperature": 0})
     (delivery,) = probe.read_new(1, None)

@@ -50,7 +50,7 @@ def test_sigterm_to_the_inferq_worker_pid_stops_the_worker_and_what_it_started(
     try:
         _wait_for(worker, r"worker \S+ serving")
         started = descendants(worker.pid)
-        assert any("worker.publisher_process" in cmd for cmd in started.values()), started
+        assert any("worker.event_publisher_process" in cmd for cmd in started.values()), started
         cmdline = Path(f"/proc/{worker.pid}/cmdline").read_bytes().split(b"\0")
         worker.process.send_signal(signal.SIGTERM)
         returncode = worker.process.wait(timeout=30)

@@ -11,11 +11,11 @@ import pytest
 
 from tests.worker.harness import read_events, request_cancel
 from worker.cancel import CancelWatch
-from worker.intake import Intake
+from worker.event_publisher import HANDOFF_IDLE_MS, Batch, EventWrite, Publisher
 from worker.lease import LeaseKeeper
 from worker.protocol import Keys, ResultEvent, decode_event
-from worker.publisher import HANDOFF_IDLE_MS, Batch, EventWrite, Publisher
 from worker.resume import parse_priors, queue_prior_reads
+from worker.stream_reader import StreamReader
 
 
 def _token(seq: int, token: int, worker: str = "w1", index: int = 0) -> ResultEvent:
@@ -178,21 +178,21 @@ def test_lease_renews_own_messages_and_reports_taken_ones(redis_server, prefix):
 
 def test_claim_takes_only_messages_idle_beyond_the_lease(redis_server, prefix):
     keys, client = Keys(prefix), redis_server.client()
-    intake = Intake(client, keys, "alive", lease_ms=300)
-    intake.ensure_group()
-    intake.ensure_group()  # idempotent
+    reader = StreamReader(client, keys, "alive", lease_ms=300)
+    reader.ensure_group()
+    reader.ensure_group()  # idempotent
     stale = client.xadd(keys.requests, {"n": "1"}).decode()
     client.xreadgroup(keys.group, "dead", {keys.requests: ">"})
     fresh = client.xadd(keys.requests, {"n": "2"}).decode()
     client.xreadgroup(keys.group, "busy", {keys.requests: ">"})
     client.xclaim(keys.requests, keys.group, "dead", 0, [stale], idle=10_000, justid=True)  # long idle
-    claimed = intake.claim_abandoned(10)
+    claimed = reader.claim_abandoned(10)
     assert [d.message_id for d in claimed] == [stale]
     assert claimed[0].delivery_count == 2
-    assert intake.read_new(10, None) == []
+    assert reader.read_new(10, None) == []
     client.xgroup_destroy(keys.requests, keys.group)  # Redis came back without the group
     again = client.xadd(keys.requests, {"n": "3"}).decode()
-    assert [d.message_id for d in intake.read_new(10, None)] == [stale, fresh, again]
+    assert [d.message_id for d in reader.read_new(10, None)] == [stale, fresh, again]
     assert fresh  # read again from id 0: admission acknowledges what is already complete
 
 
@@ -222,27 +222,27 @@ def test_priors_fold_tokens_per_choice(redis_server, prefix):
 @pytest.mark.timeout(30)
 def test_blocking_read_wakes_on_arrival(redis_server, prefix):
     keys, client = Keys(prefix), redis_server.client()
-    intake = Intake(client, keys, "w", lease_ms=1000)
-    intake.ensure_group()
+    reader = StreamReader(client, keys, "w", lease_ms=1000)
+    reader.ensure_group()
     threading.Timer(0.1, lambda: client.xadd(keys.requests, {"n": "1"})).start()
     started = time.monotonic()
-    (delivery,) = intake.read_new(5, 5000)
+    (delivery,) = reader.read_new(5, 5000)
     assert time.monotonic() - started < 3
     assert delivery.delivery_count == 1 and delivery.fields == {b"n": b"1"}
 
 
 def test_trim_drops_only_acknowledged_requests(redis_server, prefix):
     keys, client = Keys(prefix), redis_server.client()
-    intake = Intake(client, keys, "w", lease_ms=1000)
-    intake.ensure_group()
-    assert intake.trim_acknowledged() == 0
+    reader = StreamReader(client, keys, "w", lease_ms=1000)
+    reader.ensure_group()
+    assert reader.trim_acknowledged() == 0
     ids = [client.xadd(keys.requests, {"n": str(i)}).decode() for i in range(10)]
     client.xreadgroup(keys.group, "w", {keys.requests: ">"}, count=6)  # 0..5 delivered, 6..9 queued
     client.xack(keys.requests, keys.group, *ids[:3], ids[4])  # 3 and 5 still pending
-    assert intake.trim_acknowledged() == 3
+    assert reader.trim_acknowledged() == 3
     assert [i.decode() for i, _ in client.xrange(keys.requests)] == ids[3:]
     client.xack(keys.requests, keys.group, ids[3], ids[5])
-    assert intake.trim_acknowledged() == 2  # up to the last delivered entry, which stays
+    assert reader.trim_acknowledged() == 2  # up to the last delivered entry, which stays
     assert [i.decode() for i, _ in client.xrange(keys.requests)] == ids[5:]
 
 

@@ -2,7 +2,7 @@
 can neither name another request's result stream nor reuse a running or finished id to write into it, on
 this worker or another one; the same message delivered again (a dead worker's, a lease takeover) resumes.
 
-Real Redis, the real worker in a thread (or its Admitter over real intakes), the tiny Llama on CPU.
+Real Redis, the real worker in a thread (or its Admitter over real stream readers), the tiny Llama on CPU.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from tests.worker.harness import (
     wait_complete,
 )
 from worker.admit import Admitter
-from worker.intake import Intake
 from worker.protocol import Keys
+from worker.stream_reader import StreamReader
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -114,13 +114,13 @@ def test_one_id_in_two_messages_read_by_two_workers_runs_once_and_a_redelivery_r
     """Two workers each read one of two messages with the same id: the second admitted is a duplicate,
     whichever worker admits it. The first message delivered again (its worker died) is still its own."""
     keys, client = Keys(prefix), redis_server.client()
-    intake_a = Intake(client, keys, "worker-a", lease_ms=50)
-    intake_b = Intake(client, keys, "worker-b", lease_ms=50)
-    intake_a.ensure_group()
+    reader_a = StreamReader(client, keys, "worker-a", lease_ms=50)
+    reader_b = StreamReader(client, keys, "worker-b", lease_ms=50)
+    reader_a.ensure_group()
     first = submit(client, keys, "same-id", prompt="First", params=FINISHED)
-    (delivery_a,) = intake_a.read_new(1, None)
+    (delivery_a,) = reader_a.read_new(1, None)
     second = submit(client, keys, "same-id", prompt="Second", params=FINISHED)
-    (delivery_b,) = intake_b.read_new(1, None)
+    (delivery_b,) = reader_b.read_new(1, None)
     assert (delivery_a.message_id, delivery_b.message_id) == (first, second)
     admitter_a = Admitter(engine, client, keys, "worker-a", max_deliveries=5, result_ttl_s=60)
     admitter_b = Admitter(engine, client, keys, "worker-b", max_deliveries=5, result_ttl_s=60)
@@ -138,7 +138,7 @@ def test_one_id_in_two_messages_read_by_two_workers_runs_once_and_a_redelivery_r
     # Worker a dies holding the first message: worker b claims it once its lease lapses, and admits it.
     engine.abort_request("same-id")
     time.sleep(0.1)
-    (claimed,) = intake_b.claim_abandoned(1)
+    (claimed,) = reader_b.claim_abandoned(1)
     assert claimed.message_id == first and claimed.delivery_count == 2
     resumed = admitter_b.admit([claimed], set())
     assert [job.message_id for job in resumed.jobs] == [first] and not resumed.batch.dead_letters

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.intake import Delivery
+from worker.stream_reader import Delivery
 from worker.window import BatchWindow
 
 

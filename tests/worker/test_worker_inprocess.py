@@ -222,9 +222,9 @@ def test_busy_worker_sends_its_cancel_checks_ahead_of_the_steps(redis_server, pr
     with ThreadWorker(make_settings(redis_server, prefix, worker_model_dir), engine=engine) as tw:
         worker = tw.worker
         own_checks, sends = [], []
-        check, send = worker.cancels.check, worker.step_reads.send
+        check, send = worker.cancels.check, worker.intake.replies.send
         worker.cancels.check = lambda *args: own_checks.append(worker.engine.last_step.step) or check(*args)
-        worker.step_reads.send = lambda commands: sends.append([c[0] for c in commands]) or send(commands)
+        worker.intake.replies.send = lambda commands: sends.append([c[0] for c in commands]) or send(commands)
         ids = [f"r{i}" for i in range(3)]
         for request_id in ids:
             submit(client, keys, request_id, prompt_token_ids=[5, 6, 7], params={"max_tokens": 40, "ignore_eos": True})
@@ -245,23 +245,23 @@ def test_no_step_read_outlives_its_step(redis_server, prefix, worker_model_dir, 
     worker = Worker(make_settings(redis_server, prefix, worker_model_dir), engine=engine)
     worker.publisher.start()
     try:
-        worker.intake.ensure_group()
+        worker.intake.reader.ensure_group()
         submit(client, keys, "first", prompt_token_ids=[5, 6, 7], params={"max_tokens": 12, "ignore_eos": True})
-        sends, send = [], worker.step_reads.send
-        worker.step_reads.send = lambda commands: sends.append([c[0] for c in commands]) or send(commands)
+        sends, send = [], worker.intake.replies.send
+        worker.intake.replies.send = lambda commands: sends.append([c[0] for c in commands]) or send(commands)
         submitted = False
         for _ in range(200):
             if worker.engine.has_unfinished_requests() and not submitted:  # arrives while the engine works
                 submit(client, keys, "second", prompt_token_ids=[8, 9], params={"max_tokens": 3})
                 submitted = True
             worker._iteration()
-            assert not worker.step_reads.pending  # every step read back what it sent
+            assert not worker.intake.replies.pending  # every step read back what it sent
             if submitted and not worker.jobs:
                 break
         assert any("XREADGROUP" in names for names in sends)  # the second request came in through a step's read
         assert worker.publisher.close(5)
     finally:
-        worker.step_reads.close()
+        worker.intake.replies.close()
         worker.client.close()
     assert read_events(client, keys, "second")[-1][1].type == "done"
 
@@ -357,7 +357,7 @@ def test_intake_stops_reading_while_the_kv_pool_is_full(redis_server, prefix, wo
         submit(client, keys, "small", prompt="Hi", params={"max_tokens": 2})
         for _ in range(3):
             worker._iteration()
-            assert "small" not in worker.jobs and not len(worker.window)
+            assert "small" not in worker.jobs and not len(worker.intake.window)
             (group,) = client.xinfo_groups(keys.requests)
             assert group["lag"] == 1, "no room: the message stays in the stream for other workers"
         worker.heartbeat.beat()

@@ -24,19 +24,13 @@ def encode_dead_letter(
     }
 
 
-class _JsonRecord:
-    """to_json / from_json for the small JSON values below (unknown keys from newer workers are ignored)."""
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @classmethod
-    def from_json(cls, raw: str | bytes):
-        return cls(**{k: v for k, v in json.loads(raw).items() if k in cls.__dataclass_fields__})
+def _known_fields(cls: type, raw: str | bytes) -> dict[str, Any]:
+    """A record's JSON as the dataclass's arguments: keys a newer worker added are ignored."""
+    return {k: v for k, v in json.loads(raw).items() if k in cls.__dataclass_fields__}
 
 
 @dataclass
-class WorkerHeartbeat(_JsonRecord):
+class WorkerHeartbeat:
     """Value of `Keys.worker(consumer)`, refreshed every second with a short TTL."""
 
     consumer: str
@@ -48,9 +42,16 @@ class WorkerHeartbeat(_JsonRecord):
     waiting: int
     free_kv_tokens: int
 
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WorkerHeartbeat:
+        return cls(**_known_fields(cls, raw))
+
 
 @dataclass
-class ModelInfo(_JsonRecord):
+class ModelInfo:
     """Value of `Keys.model`: what the API needs to validate requests without the engine."""
 
     model: str
@@ -60,6 +61,13 @@ class ModelInfo(_JsonRecord):
     # The model's default max_tokens (its generation_config.json max_new_tokens), or None: the API's
     # default for a chat request that sets none, below its context room.
     default_max_tokens: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ModelInfo:
+        return cls(**_known_fields(cls, raw))
 
 
 def tokenizer_fields(tokenizer_json: str, chat_template: str, bos_token: str, eos_token: str) -> dict[str, str]:

@@ -8,9 +8,9 @@ import os
 import signal
 
 from tests.worker.harness import read_events
+from worker.event_publisher import MAX_MERGED_BATCHES, MAX_MERGED_EVENTS, Batch, EventWrite, Publisher, merge_queued
+from worker.event_publisher_process import PublisherProcess
 from worker.protocol import Keys, ResultEvent
-from worker.publisher import MAX_MERGED_BATCHES, MAX_MERGED_EVENTS, Batch, EventWrite, Publisher, merge_queued
-from worker.publisher_process import PublisherProcess
 
 
 def _step(keys: Keys, step: int, num_requests: int) -> Batch:

@@ -1,19 +1,33 @@
-"""LLMEngine's second half: a step's sampled tokens become requests' tokens, stop decisions
-and RequestOutputs.
+"""A step's sampled tokens become requests' tokens, stop decisions and RequestOutputs.
 
-A mixin of engine.llm_engine.LLMEngine, split out by idea; it uses the engine's scheduler,
-requests, _children, _detokenizers, _sync_request_ids, _prompt_logprob_ids, max_model_len and _num_generated.
+LLMEngine owns one OutputProcessor; both hold the engine's LiveRequests (engine/live_requests.py), which the
+engine fills in `add_request` and the processor empties as requests finish.
 """
 
 from __future__ import annotations
 
 from engine.launched_step import ModelRunnerOutput
+from engine.live_requests import LiveRequests
 from engine.outputs import PromptLogprobs, RequestOutput
 from engine.request import FinishReason, Request, RequestStatus
+from engine.scheduler import Scheduler
 
 
-class OutputProcessing:
-    def _process(self, result: ModelRunnerOutput) -> list[RequestOutput]:
+class OutputProcessor:
+    """Turns a step's tokens into outputs and finishes the requests that stop.
+
+    Args:
+        scheduler: the engine's scheduler (a finished request's blocks go back through it).
+        live: the engine's live requests.
+    """
+
+    def __init__(self, scheduler: Scheduler, live: LiveRequests) -> None:
+        self.scheduler = scheduler
+        self.live = live
+        self.num_generated = 0  # tokens appended to requests, over the engine's life
+
+    def process(self, result: ModelRunnerOutput) -> list[RequestOutput]:
+        """One step's tokens (and prompt logprobs) -> the outputs of its requests."""
         if result.prompt_logprobs:
             return self._process_with_prompt_logprobs(result)
         return self._process_tokens(result)
@@ -33,17 +47,16 @@ class OutputProcessing:
                 out.prompt_logprobs = PromptLogprobs(list(request.prompt_token_ids), request.prompt_logprobs)
         for request in complete.values():
             request.prompt_logprobs = None  # delivered, or its request ended without a token
-            self._prompt_logprob_ids.discard(request.request_id)
+            self.live.prompt_logprob_ids.discard(request.request_id)
         return outputs
 
     def _process_tokens(self, result: ModelRunnerOutput) -> list[RequestOutput]:
         # NOTE: this runs for every running request at every step (256 a step under load), so the
         # common case (a token, no logprobs, no stop) is written inline: no helper calls, the
         # output built positionally, the stop checks against what the request computed once
-        # (stop_token_set, max_num_tokens). On the dev box that took it from 13 to 4 us a request
-        # (with engine/byte_level.py's detokenizer), then to ~1 us (bench/engine_host_step.py, warm caches).
+        # (stop_token_set, max_num_tokens) (decisions 0022, 0023).
         outputs = []
-        detokenizers = self._detokenizers
+        detokenizers = self.live.detokenizers
         finished, stop, length = RequestStatus.FINISHED, FinishReason.STOP, FinishReason.LENGTH
         generated = 0
         for request, token, logprob, error in zip(
@@ -55,7 +68,7 @@ class OutputProcessing:
                 continue
             if error is not None:
                 self.scheduler.finish_request(request, FinishReason.ERROR, error)
-                outputs.append(self._finished_output(request, [], "", None))
+                outputs.append(self.finished_output(request, [], "", None))
                 continue
             generated += 1
             output_ids, all_ids = request.output_token_ids, request.all_token_ids
@@ -90,38 +103,24 @@ class OutputProcessing:
             if not detok.stopped:
                 text += detok.flush()
             self.scheduler.finish_request(request, reason)
-            outputs.append(self._finished_output(request, [token], text, None if logprob is None else [logprob]))
-        self._num_generated += generated
+            outputs.append(self.finished_output(request, [token], text, None if logprob is None else [logprob]))
+        self.num_generated += generated
         return outputs
 
     # ---- outputs ------------------------------------------------------------------
-    def _output(
-        self, request: Request, tokens: list[int], text: str, logprobs: list | None, finished: bool
-    ) -> RequestOutput:
-        return RequestOutput(
+    def finished_output(self, request: Request, tokens: list[int], text: str, logprobs: list | None) -> RequestOutput:
+        """The final output of a request the scheduler has finished; the request is no longer live."""
+        out = RequestOutput(
             request_id=request.parent_id or request.request_id,
             index=request.choice_index,
             new_token_ids=tokens,
             new_text=text,
             new_logprobs=logprobs,
-            finished=finished,
+            finished=True,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             num_prompt_tokens=request.num_prompt_tokens - request.num_prior_output_tokens,
             num_output_tokens=request.num_output_tokens,
             error=request.error,
         )
-
-    def _finished_output(self, request: Request, tokens: list[int], text: str, logprobs: list | None) -> RequestOutput:
-        out = self._output(request, tokens, text, logprobs, True)
-        self._forget(request)
+        self.live.forget(request)
         return out
-
-    def _forget(self, request: Request) -> None:
-        self.requests.pop(request.request_id, None)
-        self._detokenizers.pop(request.request_id, None)
-        self._sync_request_ids.discard(request.request_id)
-        self._prompt_logprob_ids.discard(request.request_id)
-        parent = request.parent_id or request.request_id
-        siblings = self._children.get(parent, [])
-        if all(sid not in self.requests for sid in siblings):
-            self._children.pop(parent, None)

@@ -1,8 +1,8 @@
 """Reading the request stream: own pending first, abandoned messages of dead workers, then new ones.
 
 All reads go through the consumer group, so each message is held by exactly one consumer at a
-time (its pending entries list, PEL). How many to read, and when, is the loop's decision
-(`Worker._intake`): this module only speaks Redis.
+time (its pending entries list, PEL). How many to read, and when, is the intake's decision
+(worker/message_intake.py): this module only speaks Redis.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _field_dict(fields) -> dict[bytes, bytes]:
     return dict(zip(fields[::2], fields[1::2], strict=True))
 
 
-class Intake:
+class StreamReader:
     """Args:
     client: Redis client.
     keys: key names.
@@ -88,7 +88,7 @@ class Intake:
 
     def read_new_command(self, count: int) -> tuple:
         """read_new(count, None) as a raw command, for a caller that reads its reply later
-        (worker/step_reads.py); `new_deliveries` turns the reply into deliveries."""
+        (worker/deferred_replies.py); `new_deliveries` turns the reply into deliveries."""
         return ("XREADGROUP", "GROUP", self.keys.group, self.consumer, "COUNT", count, "STREAMS", self.keys.requests,
                 ">")  # fmt: skip
 

@@ -1,5 +1,6 @@
-"""A step's token events in columns (worker/token_events.py) from the engine's outputs (worker/outputs.py): the
-numbers and order a result stream needs, across the publisher's pipe and its merges."""
+"""A step's token events in columns (worker/event_columns.py) from the engine's outputs
+(worker/events_from_outputs.py): the numbers and order a result stream needs, across the publisher's pipe and
+its merges."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import random
 from engine.outputs import PromptLogprobs, RequestOutput
 from engine.request import Logprob
 from tests.worker.harness import read_events
+from worker.event_columns import TokenEvents
+from worker.event_publisher import Batch, Publisher
+from worker.event_publisher_process import _pack, _unpack
+from worker.events_from_outputs import events_for_outputs
 from worker.job import Job
-from worker.outputs import events_for_outputs
 from worker.protocol import Keys, ResultEvent, encode_event_for_write, encode_token_for_write
-from worker.publisher import Batch, Publisher
-from worker.publisher_process import _pack, _unpack
-from worker.token_events import TokenEvents
 
 
 def _job(request_id: str, n: int = 1) -> Job:

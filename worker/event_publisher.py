@@ -9,7 +9,7 @@ Exactly once: result events are XADDed with explicit ids "0-{seq}". A retry afte
 already there. When the entry there was written by a different worker, this worker has lost
 the request; `on_lost(request_id)` tells the loop to drop its copy.
 
-The events of a batch go to Redis as one Lua call (worker/event_script.py): per-command packing
+The events of a batch go to Redis as one Lua call (worker/event_write_script.py): per-command packing
 and reply parsing in Python cost more GIL than the engine loop could spare at full batch.
 """
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.event_script import write_events_args
+from worker.event_columns import TokenEvents
+from worker.event_write_script import write_events_args
 from worker.protocol import Keys, ResultEvent, encode_event_for_write, encode_token_for_write, stream_id
 from worker.redis_client import CONNECTION_ERRORS, Backoff, is_duplicate_id
-from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,9 @@ HANDOFF_IDLE_MS = 10**10
 MAX_MERGED_BATCHES = 64
 # NOTE: a publisher that fell behind merges the steps queued since into one write, but no further than this many
 # events (a batch is never split: its acks ride the MULTI of its events). Redis runs one script to the end before
-# it answers anyone else (~1.7 ms per 256 token events on the dev box, bench/results/devbox/publisher_costs.md),
-# so an unbounded merge of 64 full-batch steps held every other client, the worker loop's step reads among them,
-# for ~100 ms; two steps' worth bounds that to a few ms (bench/results/devbox/publisher_backlog/), and the
-# per-write overhead the merge saves is small next to the events' own cost.
+# it answers anyone else, so an unbounded merge of many full-batch steps holds every other client, the worker
+# loop's step reads among them, for as long as it runs; two steps' worth bounds that to a few ms, and the
+# per-write overhead the merge saves is small next to the events' own cost (decision 0024).
 MAX_MERGED_EVENTS = 512
 DEAD_LETTER_MAXLEN = 100_000  # approximate cap of the dead-letter stream
 # A result stream's EXPIRE (and its request id's owner key's) is refreshed when this fraction of its TTL has
@@ -60,7 +59,7 @@ class EventWrite:
 @dataclass
 class Batch:
     """What one engine step owes Redis, written in this order: its events (`tokens`, the step's token events in
-    columns, worker/token_events.py, then `events`), dead letters, acks, hand-offs.
+    columns, worker/event_columns.py, then `events`), dead letters, acks, hand-offs.
 
     `tokens` holds (position, columns) pairs: those token events are written before events[position:]. A step's
     batch has at most one, at 0; merged batches (`extend`) keep each batch's own, so that the publisher encodes
@@ -121,8 +120,8 @@ def merge_queued(first: Batch, take_more: Callable[[], Batch | None]) -> tuple[B
 
 
 class SubmissionCounter:
-    """How many batches were submitted and how many are written: num_pending, and flush() to wait
-    for the writes (shared by the thread publisher here and worker/publisher_process.py)."""
+    """How many batches were submitted and how many are written, for `num_pending` and `flush` (each publisher,
+    the thread here and worker/event_publisher_process.py, owns one)."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
@@ -134,7 +133,18 @@ class SubmissionCounter:
         with self._lock:
             return self._num_submitted - self._num_done
 
-    def flush(self, timeout_s: float) -> bool:
+    def submitted(self) -> None:
+        """One batch more to write; called before it is handed to the writing side."""
+        with self._lock:
+            self._num_submitted += 1
+
+    def done(self, count: int) -> None:
+        """`count` batches written (the writing side)."""
+        with self._lock:
+            self._num_done += count
+            self._lock.notify_all()
+
+    def wait(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
@@ -146,13 +156,8 @@ class SubmissionCounter:
                 self._lock.wait(left)
         return True
 
-    def _mark_done(self, count: int) -> None:
-        """Called by the writing side with the lock held."""
-        self._num_done += count
-        self._lock.notify_all()
 
-
-class Publisher(SubmissionCounter):
+class Publisher:
     """Args:
     client: Redis client (thread-safe pool).
     keys: key names.
@@ -178,7 +183,7 @@ class Publisher(SubmissionCounter):
         self.result_ttl_s = result_ttl_s
         self.on_lost = on_lost
         self.on_written = on_written
-        super().__init__()
+        self.submissions = SubmissionCounter()
         self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-publisher", daemon=True)
@@ -188,12 +193,20 @@ class Publisher(SubmissionCounter):
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def num_pending(self) -> int:
+        """Batches submitted and not yet written."""
+        return self.submissions.num_pending
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        return self.submissions.wait(timeout_s)
+
     def submit(self, batch: Batch) -> None:
         """Queue a batch; returns at once."""
         if not batch:
             return
-        with self._lock:
-            self._num_submitted += 1
+        self.submissions.submitted()
         self._queue.put(batch)
 
     def close(self, timeout_s: float) -> bool:
@@ -213,8 +226,7 @@ class Publisher(SubmissionCounter):
                 return
             merged, count, held = merge_queued(batch, self._take_queued)
             self.write(merged)
-            with self._lock:
-                self._mark_done(count)
+            self.submissions.done(count)
 
     def _take_queued(self) -> Batch | None:
         try:

@@ -3,13 +3,12 @@ a GIL with the Redis writes.
 
 Why: as a thread, the publisher's Python work (encoding ~256 events per step, packing, reading
 replies) took the GIL at the engine loop's first release after each step (every torch call
-drops it) and so ran in series with the loop's own host work instead of beside the GPU. On an
-H200 the service ran at 61% of the offline engine that way, the worker's main thread and its
-publisher thread together holding the GIL about half of the run.
+drops it) and so ran in series with the loop's own host work instead of beside the GPU
+(decision 0024).
 
-Same interface and guarantees as worker.publisher.Publisher (submit, flush, close, num_pending,
+Same interface and guarantees as worker.event_publisher.Publisher (submit, flush, close, num_pending,
 on_lost, on_written), with the writing itself done by that class's `write` in the child:
-- batches are written in submission order; consecutive queued ones are merged (worker.publisher.merge_queued);
+- batches are written in submission order; consecutive queued ones are merged (worker.event_publisher.merge_queued);
 - a batch stays in `_unacknowledged` until the child reports it written, so a child that dies
   is restarted and given every unacknowledged batch again (explicit event ids make the rewrite
   exactly-once; acks and hand-offs are idempotent);
@@ -36,9 +35,9 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from worker.event_columns import TokenEvents
+from worker.event_publisher import Batch, EventWrite, SubmissionCounter, merge_queued
 from worker.protocol import ResultEvent
-from worker.publisher import Batch, EventWrite, SubmissionCounter, merge_queued
-from worker.token_events import TokenEvents
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ _EVENT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ResultE
 
 
 def _pack(batch: Batch) -> tuple:
-    """The step's token events cross as their columns (worker/token_events.py), the other events as tuples."""
+    """The step's token events cross as their columns (worker/event_columns.py), the other events as tuples."""
     events = [(w.request_id, w.stream, w.channel, _EVENT_FIELDS(w.event)) for w in batch.events]
     tokens = [(position, columns.as_tuple()) for position, columns in batch.tokens]
     return tokens, events, batch.dead_letters, batch.acks, batch.handoffs
@@ -71,8 +70,8 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
     # closes the pipe, after the worker's own hand-off batches are written, not on the signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from worker.event_publisher import Publisher
     from worker.protocol import Keys
-    from worker.publisher import Publisher
     from worker.redis_client import make_client
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -130,10 +129,10 @@ def _child_main(conn, redis_url: str, socket_timeout: float, prefix: str, consum
             return
 
 
-class PublisherProcess(SubmissionCounter):
+class PublisherProcess:
     """Args:
     redis_url, socket_timeout: how the child connects (it builds its own client).
-    prefix, consumer, result_ttl_s, on_lost, on_written: as for worker.publisher.Publisher;
+    prefix, consumer, result_ttl_s, on_lost, on_written: as for worker.event_publisher.Publisher;
         the callbacks run on this process's pipe-reader thread.
     """
 
@@ -150,7 +149,8 @@ class PublisherProcess(SubmissionCounter):
         self._child_args = (redis_url, socket_timeout, prefix, consumer, result_ttl_s)
         self.on_lost = on_lost
         self.on_written = on_written
-        super().__init__()
+        self.submissions = SubmissionCounter()
+        self._lock = threading.Lock()  # the child's process and pipe, and the batches it has not confirmed
         self._unacknowledged: deque[tuple] = deque()  # packed batches the child has not confirmed
         self._stopping = False
         self._process = None
@@ -166,7 +166,7 @@ class PublisherProcess(SubmissionCounter):
         # spawn: it re-imports the parent's __main__) with one end of a socket pair as its pipe.
         ours, theirs = socket.socketpair()
         redis_url, socket_timeout, prefix, consumer, result_ttl_s = self._child_args
-        argv = [sys.executable, "-m", "worker.publisher_process", "--fd", str(theirs.fileno()),
+        argv = [sys.executable, "-m", "worker.event_publisher_process", "--fd", str(theirs.fileno()),
                 "--socket-timeout", str(socket_timeout), "--prefix", prefix, "--consumer", consumer,
                 "--result-ttl-s", str(result_ttl_s)]  # fmt: skip
         # the URL may hold a password: it goes through the environment, not the command line
@@ -183,6 +183,15 @@ class PublisherProcess(SubmissionCounter):
                 conn.send(wire)
         self._reader = threading.Thread(target=self._read, args=(conn,), name="inferq-publisher-acks", daemon=True)
         self._reader.start()
+
+    @property
+    def num_pending(self) -> int:
+        """Batches submitted and not yet confirmed written by the child."""
+        return self.submissions.num_pending
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        return self.submissions.wait(timeout_s)
 
     def close(self, timeout_s: float) -> bool:
         """Flush (up to timeout_s), then stop the child. Returns whether everything was written."""
@@ -207,8 +216,8 @@ class PublisherProcess(SubmissionCounter):
         if not batch:
             return
         wire = _pack(batch)
+        self.submissions.submitted()
         with self._lock:
-            self._num_submitted += 1
             self._unacknowledged.append(wire)
             conn = self._conn
         if conn is None:  # the child is being restarted: it will be sent everything unacknowledged
@@ -228,7 +237,7 @@ class PublisherProcess(SubmissionCounter):
                 with self._lock:
                     for _ in range(message[1]):
                         self._unacknowledged.popleft()
-                    self._mark_done(message[1])
+                self.submissions.done(message[1])
             elif kind == "lost":
                 self.on_lost(message[1])
             elif kind == "written" and self.on_written is not None:

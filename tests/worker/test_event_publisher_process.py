@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from tests.worker.harness import read_events
+from worker.event_publisher import Batch, EventWrite
+from worker.event_publisher_process import PublisherProcess
 from worker.protocol import Keys, ResultEvent
-from worker.publisher import Batch, EventWrite
-from worker.publisher_process import PublisherProcess
 
 
 def _token(seq: int, token: int, worker: str = "w1") -> ResultEvent:
@@ -83,8 +83,8 @@ def test_a_killed_child_is_restarted_with_every_unconfirmed_batch(redis_server, 
 PARENT_SCRIPT = """
 import os, sys, time
 from worker.protocol import ResultEvent
-from worker.publisher import Batch, EventWrite
-from worker.publisher_process import PublisherProcess
+from worker.event_publisher import Batch, EventWrite
+from worker.event_publisher_process import PublisherProcess
 publisher = PublisherProcess(sys.argv[1], 1.0, "p", "w1", 60, lambda request_id: None)
 publisher.start()
 event = ResultEvent(seq=1, type="token", text="x", token_ids=[1], worker="w1")

@@ -1,15 +1,15 @@
 """One step's token events as columns: what the engine loop hands over for every running request at every step.
 
-Why: at full batch the worker's one thread is the service's bottleneck (bench/results/h100/session27/: the loop
-outran the GPU's steps at 193-256 sequences), and a token event built as a ResultEvent in an EventWrite, then
-packed into tuples and pickled for the publisher process, cost the loop ~2 us an event in Python objects. Here
+Why: at full batch the worker's one thread is the service's bottleneck (decisions 0023, 0033), and a token event
+built as a ResultEvent in an EventWrite, then packed into tuples and pickled for the publisher process, cost the
+loop microseconds an event in Python objects (decision 0024). Here
 the loop appends each event's few values to lists (pickled as a handful of objects a token, not a score), and
 the writing side (the publisher process, or its thread) encodes them straight into its script's arguments
-(worker/publisher.py, worker.protocol.encode_token_for_write).
+(worker/event_publisher.py, worker.protocol.encode_token_for_write).
 
 Order: a step's token events are written before its other events (`Batch.segments`), and
-worker/outputs.py numbers them so (a step's token events take their sequence numbers before its "done" and
-"error" events), since a result stream's ids must grow.
+worker/events_from_outputs.py numbers them so (a step's token events take their sequence numbers before its
+"done" and "error" events), since a result stream's ids must grow.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One Lua call writes every result event of a publisher batch: XADD, PUBLISH, EXPIRE.
 
 Why a script: as separate pipelined commands, a batch of 256 token events (one engine step at full
-batch) costs the worker ~770 commands to pack and ~770 replies to parse in Python, ~10 ms of
-GIL per step, which the engine loop then waits for. As one EVAL the client packs one command (in C
+batch) costs the worker ~770 commands to pack and ~770 replies to parse in Python, GIL time the
+engine loop then waits for (decision 0024). As one EVAL the client packs one command (in C
 with hiredis) and parses one array reply; Redis does the same work as before.
 
 Semantics kept from the command-per-event form: each event is XADDed with its explicit id

@@ -1,4 +1,4 @@
-"""The reads that ride a step (worker/step_reads.py) against a real private Redis: replies read
+"""The reads that ride a step (worker/deferred_replies.py) against a real private Redis: replies read
 later come back in order and whole, Redis going away is a connection error and not stale replies,
 the deferred read of new messages gives what the waited one gives, the cancel check split into
 commands and replies keeps its rules. (The worker sending them during its steps:
@@ -12,10 +12,10 @@ import redis
 from tests.redis_server import RedisServer
 from tests.worker.harness import request_cancel
 from worker.cancel import CancelWatch
-from worker.intake import Intake
+from worker.deferred_replies import DeferredReplies
 from worker.protocol import Keys
 from worker.redis_client import CONNECTION_ERRORS
-from worker.step_reads import DeferredReplies
+from worker.stream_reader import StreamReader
 
 
 def test_replies_come_back_in_order_with_a_refused_command_in_its_place(redis_server, prefix):
@@ -57,25 +57,25 @@ def test_redis_going_away_is_a_connection_error_and_the_next_send_reconnects(pre
 
 def test_deferred_read_of_new_messages_matches_the_waited_read(redis_server, prefix):
     keys, client = Keys(prefix), redis_server.client()
-    intake = Intake(client, keys, "w", lease_ms=1000)
-    intake.ensure_group()
+    reader = StreamReader(client, keys, "w", lease_ms=1000)
+    reader.ensure_group()
     ids = [client.xadd(keys.requests, {"n": str(i), "body": "x" * i}).decode() for i in range(5)]
     replies = DeferredReplies(client)
-    replies.send([intake.read_new_command(3)])
-    first = intake.new_deliveries(replies.receive()[0])
+    replies.send([reader.read_new_command(3)])
+    first = reader.new_deliveries(replies.receive()[0])
     assert [(d.message_id, d.fields, d.delivery_count) for d in first] == [
         (ids[i], {b"n": str(i).encode(), b"body": b"x" * i}, 1) for i in range(3)
     ]
-    waited = intake.read_new(10, None)
+    waited = reader.read_new(10, None)
     assert [d.message_id for d in waited] == ids[3:]
-    replies.send([intake.read_new_command(3)])
-    assert intake.new_deliveries(replies.receive()[0]) == []  # nothing new
+    replies.send([reader.read_new_command(3)])
+    assert reader.new_deliveries(replies.receive()[0]) == []  # nothing new
     client.delete(keys.requests)  # the group goes with its stream (as after an empty restart)
-    replies.send([intake.read_new_command(3)])
-    assert intake.new_deliveries(replies.receive()[0]) == []
+    replies.send([reader.read_new_command(3)])
+    assert reader.new_deliveries(replies.receive()[0]) == []
     late = client.xadd(keys.requests, {"n": "late"}).decode()  # the recreated group reads from id 0
-    replies.send([intake.read_new_command(3)])
-    assert [d.message_id for d in intake.new_deliveries(replies.receive()[0])] == [late]
+    replies.send([reader.read_new_command(3)])
+    assert [d.message_id for d in reader.new_deliveries(replies.receive()[0])] == [late]
     replies.close()
 
 

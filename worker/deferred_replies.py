@@ -1,9 +1,9 @@
 """Redis reads that ride a step: sent while the GPU runs it, their replies read after its outputs.
 
-Why: at full batch the worker loop is host-bound (bench/results/h100/service_history.md): the GPU
-waits for the loop between steps, so every millisecond the loop spends waiting on a socket is a
-millisecond of GPU idle. The step's reads (the cancel counter, new messages) used to cost two
-waited round trips a step, 0.6-1.3 ms each under the benchmark's load. Written on the loop's own
+Why: at full batch the worker loop is host-bound (decision 0033): the GPU waits for the loop between
+steps, so every millisecond the loop spends waiting on a socket is a millisecond of GPU idle. The
+step's reads (the cancel counter, new messages) as waited round trips cost a large share of a step
+(decision 0025). Written on the loop's own
 connection at once and read back only after the step's outputs are turned into events, their
 round trip runs while the loop does that work, and the replies are waiting in the socket buffer.
 

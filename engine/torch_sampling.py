@@ -1,5 +1,7 @@
-"""The plain-torch reference of kernels/random_sample.py, and the engine's sampler on any device:
-the (key, token) hash, the top-k / top-p / min-p filters by sorting, and the exponential race.
+"""The engine's sampling in torch, on any device: the (key, token) hash, the top-k / top-p / min-p filters by
+sorting, and the exponential race. engine/sampler.py samples rows with penalties, bias or min_tokens here, and
+`random_sample_torch` is ops.random_sample's torch path. kernels/random_sample.py draws the same tokens without
+sorting; tests/kernels/test_random_sample.py holds the kernel to these functions.
 
 Legend: S = rows, V = vocabulary.
 """
@@ -47,9 +49,8 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     """Per-row values from the host without waiting for the device.
 
     NOTE: torch.tensor(values, device="cuda") copies from pageable memory and then synchronizes
-    the stream, i.e. waits for the whole forward pass: on an H100 that made every sampled batch-1
-    step cost ~3 ms of waiting and launching for the 1B model's 1.3 ms of GPU work. A copy from
-    pinned memory is queued instead (the caching host allocator keeps the block until it is done).
+    the stream, i.e. waits for the whole forward pass (decision 0005). A copy from pinned memory is
+    queued instead (the caching host allocator keeps the block until it is done).
     """
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
@@ -104,8 +105,8 @@ def race_sample(
     return (probs / noise).argmax(dim=-1)
 
 
-def random_sample_ref(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-    """random_sample by sorting (NOTE: reads params on the host: a sync on CUDA)."""
+def random_sample_torch(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """kernels/random_sample.py's random_sample by sorting (NOTE: reads params on the host: a sync on CUDA)."""
     temperature, top_k, top_p, min_p, keys = params.tolist()
     finite = torch.isfinite(logits).all(dim=-1)  # [S]
     logits = torch.where(finite[:, None], logits.float(), 0.0)

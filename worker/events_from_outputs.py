@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from worker.event_columns import TokenEvents
+from worker.event_publisher import Batch, EventWrite
 from worker.job import Job, logprobs_to_json, prompt_logprobs_to_json
-from worker.publisher import Batch, EventWrite
-from worker.token_events import TokenEvents
 
 
 def write(job: Job, event) -> EventWrite:
@@ -12,7 +12,7 @@ def write(job: Job, event) -> EventWrite:
 
 
 def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tuple[Batch, list[Job]]:
-    """One step's RequestOutputs as the batch of their events: token events in columns (worker/token_events.py),
+    """One step's RequestOutputs as the batch of their events: token events in columns (worker/event_columns.py),
     done and error events after them; returns (batch, jobs now complete).
 
     Sequence numbers follow write order: every token event of the step takes its number before any done or error

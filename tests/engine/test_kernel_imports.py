@@ -1,0 +1,49 @@
+"""engine/ops.py is where the engine chooses each kernel: no other engine module imports a kernel from kernels/,
+only the helpers its docstring names, which launch nothing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+
+# (module, name) an engine module other than ops.py may import from kernels/, and why it is no kernel choice
+HELPERS = {
+    ("kernels._pdl", "set_pdl"): "the process's PDL switch",
+    ("kernels._pdl", "use_pdl"): "whether kernels launch with PDL (a log line)",
+    ("kernels.stage_batch", "StagingBuffers"): "pinned host buffers; ops.stage_batch launches the kernel",
+    ("kernels.random_sample", "pack_params"): "sampling parameters as the kernel's [5, S] tensor",
+    ("kernels.random_sample", "asks_step_0"): "whether a row needs the top-k select (a host predicate)",
+}
+
+
+def kernel_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every import from kernels/ in a file; `import kernels.x` gives (kernels.x, "*")."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kernels":
+            found += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "*") for alias in node.names if alias.name.split(".")[0] == "kernels"]
+    return found
+
+
+def test_only_ops_imports_kernels_the_rest_imports_named_helpers():
+    outside = {
+        str(path.relative_to(ENGINE.parent)): imports
+        for path in sorted(ENGINE.rglob("*.py"))
+        if path.name != "ops.py" or path.parent != ENGINE
+        if (imports := kernel_imports(path))
+    }
+    unnamed = {path: [i for i in imports if i not in HELPERS] for path, imports in outside.items()}
+    assert not {path: imports for path, imports in unnamed.items() if imports}, unnamed
+    assert kernel_imports(ENGINE / "ops.py"), "ops.py imports the kernels it chooses between"
+
+
+def test_the_check_sees_a_kernel_imported_elsewhere(tmp_path):
+    planted = tmp_path / "layer.py"
+    planted.write_text("import torch\nfrom kernels.rms_norm import rms_norm\n\n\ndef f():\n    import kernels.gemv\n")
+    imports = kernel_imports(planted)
+    assert imports == [("kernels.rms_norm", "rms_norm"), ("kernels.gemv", "*")]
+    assert all(i not in HELPERS for i in imports)
