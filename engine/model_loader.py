@@ -61,7 +61,7 @@ def load_model(
             max_model_len beyond the checkpoint's.
     """
     model_dir = resolve_model_dir(model_config, cache_dir)
-    hf_config = load_hf_config(model_dir)
+    hf_config = language_config(load_hf_config(model_dir))
     max_model_len = resolve_max_model_len(hf_config, model_config.max_model_len)
     model_class = resolve_model_class(hf_config)
     with _default_device_and_dtype(device, dtype):
@@ -111,6 +111,20 @@ def load_hf_config(model_dir: Path) -> Any:
         return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError for bad configs
         raise CheckpointError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
+
+
+def language_config(hf_config: Any) -> Any:
+    """The config the engine sizes itself from: a multimodal checkpoint's `text_config` (served text-only:
+    Gemma3ForConditionalGeneration), carrying the checkpoint's architecture and special token ids; any other
+    config as it is."""
+    text_config = getattr(hf_config, "text_config", None)
+    if text_config is None:
+        return hf_config
+    text_config.architectures = list(getattr(hf_config, "architectures", None) or [])
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if getattr(text_config, name, None) is None and getattr(hf_config, name, None) is not None:
+            setattr(text_config, name, getattr(hf_config, name))
+    return text_config
 
 
 def checkpoint_max_len(hf_config: Any) -> int:
