@@ -1,7 +1,7 @@
 """From a ModelConfig to a model with weights, on a device, in a dtype.
 
-`model` may be "default" (the packaged SmolLM2 GGUF), a `.gguf` file, a local
-checkpoint directory or a Hugging Face Hub id; GGUF files are converted once to a
+`model` may be a packaged model's short name ("default": SmolLM2, "gemma3-270m": Gemma 3 270M), a
+`.gguf` file, a local checkpoint directory or a Hugging Face Hub id; GGUF files are converted once to a
 checkpoint directory (see engine/weights/gguf.py), so every path ends in one place:
 a directory with config.json, safetensors and tokenizer files.
 """
@@ -19,11 +19,11 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.registry import resolve_model_class
-from engine.weights.default_model import default_gguf_path
 from engine.weights.dummy import initialize_dummy_weights
 from engine.weights.errors import CheckpointError
-from engine.weights.gguf import convert_gguf
+from engine.weights.gguf import convert_gguf, default_cache_dir
 from engine.weights.hub import download_checkpoint, looks_like_hub_id
+from engine.weights.packaged_models import PACKAGED_MODELS, packaged_gguf_path
 from engine.weights.safetensors import checkpoint_files, iterate_weights
 
 
@@ -77,8 +77,9 @@ def load_model(
 def resolve_model_dir(model_config: ModelConfig, cache_dir: str | None = None) -> Path:
     """The local checkpoint directory of `model_config.model`, converting or downloading it."""
     model, load_format = model_config.model, model_config.load_format
-    if model == "default":
-        return convert_gguf(default_gguf_path(), cache_dir)
+    if model in PACKAGED_MODELS:
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        return convert_gguf(packaged_gguf_path(model, root), cache_dir)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if load_format == "safetensors":
