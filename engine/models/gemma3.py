@@ -141,6 +141,14 @@ class Gemma3Model(nn.Module):
             Gemma3DecoderLayer(config, rotary[kind], i) for i, kind in enumerate(self.layer_types)
         )
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._embed_scales: dict[torch.dtype, float] = {}
+
+    def embed_scale_in(self, dtype: torch.dtype) -> float:
+        """sqrt(H) rounded to `dtype`, as transformers' scaled embedding multiplies by it. A Python float (made on
+        the host once a dtype), so that no step copies a scalar to the device: CUDA graphs capture the step."""
+        if dtype not in self._embed_scales:
+            self._embed_scales[dtype] = float(torch.tensor(self.embed_scale, dtype=dtype, device="cpu"))
+        return self._embed_scales[dtype]
 
     def forward(
         self,
@@ -150,8 +158,7 @@ class Gemma3Model(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [T, H]
-        # NOTE: the scale rounded to the model's dtype first, as transformers' scaled embedding does
-        hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype, device=hidden.device)
+        hidden = hidden * self.embed_scale_in(hidden.dtype)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
