@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.sampling_params import SamplingParams
 from tests.engine.checkpoints import WINDOW_ARCHITECTURES, load_hf_reference, tiny_config
@@ -15,6 +16,7 @@ from tests.engine.engine_helpers import hf_greedy, make_engine, random_prompts, 
 
 NUM_TOKENS = 64
 BLOCK_SIZE = 16
+ON_GPU = torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("kind", WINDOW_ARCHITECTURES)
@@ -38,3 +40,18 @@ def test_windowed_batch_with_prefix_cache_chunks_and_preemption(
     reference = load_hf_reference(model_dir)
     for i, prompt in enumerate(prompts):
         assert ours[f"r{i}"] == hf_greedy(reference, prompt, NUM_TOKENS), f"request {i} ({len(prompt)} tokens)"
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's run; test_gpu_parity.py runs the kernels in a CUDA engine")
+@pytest.mark.parametrize("kind", ["gemma3", "mistral_window"])
+def test_triton_kernels_give_the_torch_engines_tokens(kind: str, tiny_checkpoint: Callable[[str], Path]) -> None:
+    """The windowed attention kernels, GeGLU and the Gemma norms' fp32 weights in the norm, q/k-norm and
+    one-token kernels (interpreted), inside the engine's padded steps, give the torch references' greedy tokens
+    for prompts longer than the window."""
+    model_dir = tiny_checkpoint(kind)
+    prompts = random_prompts(3, 49152, 20, 40, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = run_staggered(make_engine(model_dir, max_num_batched_tokens=32), prompts, params, [0, 1, 2])
+    engine = make_engine(model_dir, kernels="triton", max_num_batched_tokens=32)
+    engine.runner.enable_graphs(capture=False)
+    assert run_staggered(engine, prompts, params, [0, 1, 2]) == plain
