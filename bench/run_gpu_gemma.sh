@@ -16,6 +16,9 @@
 #   BASELINE_TREE=build/baseline (an earlier commit: `git archive REV engine kernels bench | tar -x -C build/baseline`;
 #   carry build): also batch-1 decode of Llama-3.2-1B from that tree and from this one, same machine, into
 #   $OUT/baseline and $OUT/dense: the dense model's A/B (the window path must cost nothing without a window).
+#   That adds up to 3 minutes: give it a call of its own (PHASES=decode MODELS=Gemma-3-1B, say).
+# The phases' time limits (TESTS_TIMEOUT_S, KERNELS_TIMEOUT_S, DECODE_TIMEOUT_S, OFFLINE_TIMEOUT_S) add up to
+# under 10 minutes; each benchmark writes its files after every model or suite, so a cut-off phase keeps them.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
@@ -39,7 +42,7 @@ if wants tests; then
     if "$PYTHON" -c 'import xdist' 2>/dev/null; then
         xdist_args=(-n "${TEST_WORKERS:-8}")
     fi
-    timeout "${TESTS_TIMEOUT_S:-170}" "$PYTHON" -m pytest tests/kernels/test_attention_window.py \
+    timeout "${TESTS_TIMEOUT_S:-140}" "$PYTHON" -m pytest tests/kernels/test_attention_window.py \
         tests/kernels/test_gelu_tanh_and_mul.py tests/kernels/test_attention.py tests/engine/test_gpu_parity.py \
         -k "not test_gpu_parity or window or gemma3 or llama" \
         -q -p no:cacheprovider -p no:benchmark --durations=10 "${xdist_args[@]}" 2>&1 | tee -a "$LOG"
@@ -48,12 +51,12 @@ fi
 
 if wants kernels; then
     phase "decode attention: 1,024-key window at 32k context (Gemma-3-4B heads)"
-    timeout "${KERNELS_TIMEOUT_S:-60}" "$PYTHON" -m bench.kernels --suites decode --decode-heads 8,4,256 \
+    timeout "${KERNELS_TIMEOUT_S:-45}" "$PYTHON" -m bench.kernels --suites decode --decode-heads 8,4,256 \
         --decode-window 1024 --decode-cases 1x32768,8x32768,32x32768,64x32768,128x32768 \
         --out "$OUT/kernels_window" 2>&1 | tee -a "$LOG"
     kernels_rc=${PIPESTATUS[0]}
     phase "decode attention: the same heads without a window at 1,024 keys"
-    timeout "${KERNELS_TIMEOUT_S:-60}" "$PYTHON" -m bench.kernels --suites decode --decode-heads 8,4,256 \
+    timeout "${KERNELS_TIMEOUT_S:-45}" "$PYTHON" -m bench.kernels --suites decode --decode-heads 8,4,256 \
         --decode-cases 1x1024,8x1024,32x1024,64x1024,128x1024 --out "$OUT/kernels_dense_1k" 2>&1 | tee -a "$LOG"
     phase "dense attention suites (Llama-3-8B heads), against bench/results/h100/kernels.md"
     timeout "${KERNELS_TIMEOUT_S:-60}" "$PYTHON" -m bench.kernels --suites prefill,decode \
@@ -62,7 +65,7 @@ fi
 
 if wants decode; then
     phase "batch-1 decode latency: $MODELS"
-    timeout "${DECODE_TIMEOUT_S:-150}" "$PYTHON" -m bench.decode_latency --models "$MODELS" --skip-hf \
+    timeout "${DECODE_TIMEOUT_S:-140}" "$PYTHON" -m bench.decode_latency --models "$MODELS" --skip-hf \
         --out "$OUT" 2>&1 | tee -a "$LOG"
     decode_rc=${PIPESTATUS[0]}
     if [ -n "${BASELINE_TREE:-}" ]; then
@@ -77,7 +80,7 @@ fi
 
 if wants offline; then
     phase "offline throughput: $MODELS"
-    timeout "${OFFLINE_TIMEOUT_S:-200}" "$PYTHON" -m bench.offline_throughput --models "$MODELS" --skip-hf \
+    timeout "${OFFLINE_TIMEOUT_S:-160}" "$PYTHON" -m bench.offline_throughput --models "$MODELS" --skip-hf \
         --out "$OUT" 2>&1 | tee -a "$LOG"
     offline_rc=${PIPESTATUS[0]}
 fi
