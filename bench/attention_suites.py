@@ -110,14 +110,19 @@ def prefill_suite(bench: Bench, seq_lens, total_tokens: int, num_heads: int, num
 
 
 def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_dim: int,
-                 block_size: int = POOL_BLOCK_SIZE,
-                 dtype: torch.dtype = torch.bfloat16) -> list[dict]:  # fmt: skip
-    """One query per sequence over a context of L tokens, for each (B, L)."""
+                 block_size: int = POOL_BLOCK_SIZE, dtype: torch.dtype = torch.bfloat16,
+                 window: int | None = None) -> list[dict]:  # fmt: skip
+    """One query per sequence over a context of L tokens, for each (B, L).
+
+    window: a sliding window of that many keys; bandwidth counts the bytes inside it (what the kernel must read),
+    and the SDPA peer reads the window's keys from contiguous tensors (the best a dense kernel could do).
+    """
     rows = []
     scale = 1.0 / math.sqrt(head_dim)
     elem = torch.finfo(dtype).bits // 8
     for batch, context in cases:
-        nbytes = decode_kv_bytes(batch, context, num_kv_heads, head_dim, elem)
+        seen = context if window is None else min(context, window)
+        nbytes = decode_kv_bytes(batch, seen, num_kv_heads, head_dim, elem)
         ours_inputs, peer_inputs = [], []
         for _ in range(bench.rotations(nbytes)):
             k = torch.randn(batch, context, num_kv_heads, head_dim, device=bench.device).to(dtype)
@@ -126,17 +131,19 @@ def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_di
             q = torch.randn(batch, num_heads, head_dim, device=bench.device).to(dtype)
             seq_lens = torch.full((batch,), context, dtype=torch.int32, device=bench.device)
             ours_inputs.append((q, kv_cache[0], kv_cache[1], block_tables, seq_lens))
+            k, v = k[:, context - seen :], v[:, context - seen :]  # the window's keys (all of them without one)
             peer_inputs.append((q.unsqueeze(2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()))
             del k, v
 
         def ours(q, k_cache, v_cache, block_tables, seq_lens):
-            return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+            return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)
 
         ms, timing = bench.measure(ours, ours_inputs, graph=True)
         out = ours(*ours_inputs[0])
         row = {
             "B": batch,
             "L": context,
+            **({"window": window} if window is not None else {}),
             "splits": choose_num_splits(batch, num_kv_heads, bench.device),
             "rotations": len(ours_inputs),
             "kv_bytes": nbytes,
@@ -149,7 +156,8 @@ def decode_suite(bench: Bench, cases, num_heads: int, num_kv_heads: int, head_di
             other = next(m for m in MERGES if m != row["merge"])
 
             def ours_other(q, k_cache, v_cache, block_tables, seq_lens, other=other):
-                return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, merge=other)
+                return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, merge=other,
+                                              window=window)  # fmt: skip
 
             other_ms, _ = bench.measure(ours_other, ours_inputs, graph=True)
             row.update(other_merge=other, other_merge_us=other_ms * 1e3)

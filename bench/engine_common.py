@@ -118,11 +118,12 @@ def model_dir(name: str, tiny: bool = False) -> Path:
     if not source.is_file():
         raise SystemExit(f"no config {source}; known: {sorted(p.name for p in CONFIGS.iterdir())}")
     config = json.loads(source.read_text())
+    text = text_config(config)
     if tiny:
-        config.update({k: v for k, v in TINY_OVERRIDES.items() if k in config or k == "head_dim"})
+        text.update({k: v for k, v in TINY_OVERRIDES.items() if k in text or k == "head_dim"})
     out = Path(tempfile.mkdtemp(prefix=f"inferq-{name}-"))
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    byte_level_tokenizer(int(config["vocab_size"])).save(str(out / "tokenizer.json"))
+    byte_level_tokenizer(int(text["vocab_size"])).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
     return out
 
@@ -153,8 +154,14 @@ def byte_level_tokenizer(vocab_size: int):
     return tokenizer
 
 
+def text_config(config: dict) -> dict:
+    """The language model's part of a config.json dict: its text_config where it has one (a multimodal
+    checkpoint such as Gemma-3-4B, served text-only), else itself."""
+    return config.get("text_config", config)
+
+
 def vocab_size_of(directory: Path) -> int:
-    return int(json.loads((directory / "config.json").read_text())["vocab_size"])
+    return int(text_config(json.loads((directory / "config.json").read_text()))["vocab_size"])
 
 
 def hf_model(directory: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:

@@ -49,6 +49,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
         help="the decode suite's batch x context cases, e.g. 1x512,1x4096 (default: the goal's)",
     )
     parser.add_argument(
+        "--decode-window",
+        type=int,
+        default=None,
+        help="the decode suite with a sliding window of this many keys (bandwidth of the bytes inside it)",
+    )
+    parser.add_argument(
         "--decode-heads",
         type=_decode_heads,
         default=DECODE_HEADS,
@@ -130,9 +136,11 @@ def _markdown(results: dict) -> str:
         ])]  # fmt: skip
     if "decode" in results:
         heads = "Hq {}, Hkv {}, D {}, ".format(*results["meta"].get("decode_heads", DECODE_HEADS))
-        parts += ["", f"## Decode attention ({heads}paged K/V in blocks of {block} tokens, GB/s of K+V read)", "",
+        window = results["meta"].get("decode_window")
+        read = "GB/s of K+V read" if window is None else f"window of {window} keys, GB/s of the K+V inside it"
+        parts += ["", f"## Decode attention ({heads}paged K/V in blocks of {block} tokens, {read})", "",
                   _table(results["decode"], [
-            ("B", "B", ""), ("L", "L", ""), ("splits", "splits", ""), ("merge", "merge", ""),
+            ("B", "B", ""), ("L", "L", ""), ("window", "window", ""), ("splits", "splits", ""), ("merge", "merge", ""),
             ("inferq_us", "inferq us", ".1f"),
             ("inferq_gbps", "inferq GB/s", ".0f"), ("inferq_frac_read_bw", "of read BW", ".0%"),
             ("other_merge", "other merge", ""), ("other_merge_us", "its us", ".1f"),
@@ -184,7 +192,7 @@ def _write(out: Path, results: dict) -> None:
 
 def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: int | None = None,
                 small_ops: tuple[str, ...] = SMALL_OPS, decode_cases=DECODE_CASES,
-                decode_heads=DECODE_HEADS) -> None:  # fmt: skip
+                decode_heads=DECODE_HEADS, decode_window: int | None = None) -> None:  # fmt: skip
     from bench.attention_suites import POOL_BLOCK_SIZE, decode_suite, prefill_suite
     from bench.small_kernel_suite import small_kernel_suite
 
@@ -202,7 +210,9 @@ def _run_suites(bench, suites: list[str], results: dict, out: Path, block_size: 
         if tiny:
             decode_cases, decode_heads = ((2, 40),), (4, 1, 64)
         results["meta"]["decode_heads"] = list(decode_heads)
-        results["decode"] = decode_suite(bench, decode_cases, *decode_heads, **({} if tiny else pool))
+        results["meta"]["decode_window"] = decode_window
+        results["decode"] = decode_suite(bench, decode_cases, *decode_heads, **({} if tiny else pool),
+                                         window=decode_window)  # fmt: skip
         for row in results["decode"]:
             row["inferq_frac_read_bw"] = row["inferq_gbps"] / results["ceilings"]["read_gbps"]
         print(f"[bench] decode {results['decode']}", flush=True)
@@ -271,7 +281,8 @@ def main(argv=None) -> dict:
     results: dict = {"meta": meta, "ceilings": measure_ceilings(bench)}
     print(f"[bench] ceilings {results['ceilings']}", flush=True)
     _write(out, results)
-    _run_suites(bench, suites, results, out, args.block_size, small_ops, args.decode_cases, args.decode_heads)
+    _run_suites(bench, suites, results, out, args.block_size, small_ops, args.decode_cases, args.decode_heads,
+                args.decode_window)  # fmt: skip
     if args.sweep:
         _run_sweeps(bench, results, out)
     _write(out, results)

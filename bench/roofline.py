@@ -22,6 +22,11 @@ reads p + k - 1 cached tokens plus the one it writes (p + k keys).
 
 Batch-1 decode uses the same per-step formula with T = R = 1.
 
+Sliding-window layers (Ls of the L layers with a window of Wn keys: Mistral, Qwen2's upper layers, five of six
+Gemma 3 layers) read and attend to at most Wn keys of a sequence, whatever its length c: every key count above
+is each sequence's effective count, (L - Ls) / L * c + Ls / L * min(c, Wn), so that kv and 4 L Hq D keep their
+meaning (all layers). A decode step given only the sum of its lengths (decode_step_floor) takes them equal.
+
 MoE models (routed experts of E per layer, K per token) read and multiply only the experts their
 tokens pick: of the experts' bytes X (and parameters Px), a step of T tokens reads the expected
 touched share f(T) = 1 - (1 - K/E)^T (each token picks K distinct experts, uniformly: the random
@@ -54,6 +59,9 @@ class ModelCosts:
     expert_params: int = 0  # Px
     num_experts: int = 0  # E
     top_k: int = 0  # K
+    num_layers: int = 0  # L (0: no sliding layers counted)
+    sliding_layers: int = 0  # Ls
+    sliding_window: int = 0  # Wn
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, hf_config: Any) -> ModelCosts:
@@ -70,6 +78,9 @@ class ModelCosts:
         experts = sum(p.numel() for name, p in params.items() if name.endswith((".experts.gate_up_proj",
                                                                                  ".experts.down_proj")))  # fmt: skip
         spec = getattr(model, "moe", None)
+        from engine.models.layers.attention import PagedAttention
+
+        windows = [m.sliding_window for m in model.modules() if isinstance(m, PagedAttention) and m.sliding_window]
         return cls(
             weight_bytes=(total - (0 if tied else embed)) * itemsize,
             all_param_bytes=total * itemsize,
@@ -81,7 +92,32 @@ class ModelCosts:
             expert_params=experts,
             num_experts=spec.num_experts if experts else 0,
             top_k=spec.top_k if experts else 0,
+            num_layers=layers,
+            sliding_layers=len(windows),
+            sliding_window=max(windows, default=0),  # one window a model (Gemma 3's, Mistral's, Qwen2's)
         )
+
+    def effective_keys(self, context: np.ndarray | float) -> np.ndarray | float:
+        """Each sequence's keys as all layers see them: c where no layer has a window (see the docstring)."""
+        if not self.sliding_layers:
+            return context
+        share = self.sliding_layers / self.num_layers
+        return (1 - share) * context + share * np.minimum(context, self.sliding_window)
+
+    def effective_key_sum(self, first: int, last: int) -> float:
+        """Sum of effective_keys(c) for c = first .. last (the keys each token of a prefill chunk attends to)."""
+        if last < first:
+            return 0.0
+        total = (first + last) * (last - first + 1) / 2
+        if not self.sliding_layers:
+            return total
+        window = self.sliding_window
+        capped_from = max(first, window + 1)  # c above the window counts Wn
+        below = min(last, window)
+        windowed = (first + below) * (below - first + 1) / 2 if below >= first else 0.0
+        windowed += window * max(0, last - capped_from + 1)
+        share = self.sliding_layers / self.num_layers
+        return (1 - share) * total + share * windowed
 
     def touched_expert_share(self, new_tokens: float) -> float:
         """f(T): the expected share of the experts' weights a step of T tokens reads (1 for a dense model)."""
@@ -154,8 +190,8 @@ def workload_floor(
             take = min(p - done, budget - int(step[0]))
             # chunk [done, done + take): reads `done` cached keys; token i attends to i + 1 keys
             step[0] += take
-            step[2] += done
-            step[3] += take * done + take * (take + 1) / 2
+            step[2] += float(costs.effective_keys(done))
+            step[3] += costs.effective_key_sum(done + 1, done + take)
             done += take
             if done == p:
                 step[1] += 1
@@ -172,8 +208,10 @@ def workload_floor(
     for k in range(1, num_decode_steps + 1):
         active = outputs > k
         batch = int(active.sum())
-        keys = float((prompts[active] + k).sum())  # p + k keys attended; p + k - 1 of them read from the cache
-        nbytes, flops = step_cost(costs, batch, batch, keys - batch, keys)
+        # p + k keys attended, p + k - 1 of them read from the cache (each sequence's effective count)
+        keys = float(costs.effective_keys(prompts[active] + k).sum())
+        read = float(costs.effective_keys(prompts[active] + k - 1).sum())
+        nbytes, flops = step_cost(costs, batch, batch, read, keys)
         decode_s += step_seconds(nbytes, flops, read_gbps, matmul_tflops)
         decode_bytes += nbytes
         decode_flops += flops
@@ -191,14 +229,18 @@ def workload_floor(
 def decode_step_floor(costs: ModelCosts, num_seqs: int, context_tokens: float, read_gbps: float,
                       matmul_tflops: float) -> float:  # fmt: skip
     """Seconds of a decode step of num_seqs sequences whose lengths (the new token included) sum to
-    context_tokens: the step the engine ran, as engine.step_timer records it."""
-    nbytes, flops = step_cost(costs, num_seqs, num_seqs, context_tokens - num_seqs, context_tokens)
+    context_tokens: the step the engine ran, as engine.step_timer records it (lengths taken equal for windows)."""
+    mean = context_tokens / max(num_seqs, 1)
+    keys = float(costs.effective_keys(mean)) * num_seqs
+    read = float(costs.effective_keys(mean - 1)) * num_seqs
+    nbytes, flops = step_cost(costs, num_seqs, num_seqs, read, keys)
     return step_seconds(nbytes, flops, read_gbps, matmul_tflops)
 
 
 def decode_token_floor(costs: ModelCosts, context_len: float, read_gbps: float, matmul_tflops: float) -> float:
     """Seconds of one batch-1 decode step reading `context_len` cached tokens."""
-    nbytes, flops = step_cost(costs, 1, 1, context_len, context_len + 1)
+    read, keys = float(costs.effective_keys(context_len)), float(costs.effective_keys(context_len + 1))
+    nbytes, flops = step_cost(costs, 1, 1, read, keys)
     return step_seconds(nbytes, flops, read_gbps, matmul_tflops)
 
 
@@ -227,3 +269,11 @@ def check_arithmetic() -> None:
     assert step_cost(moe, 1, 1, 7, 8) == (400 + 2 * 8, 2 * 4 + 2 * 5 + 4 * 8)
     # two tokens: 1 - (3/4)^2 = 7/16 of the experts: 200 + 350 bytes; flops per token unchanged
     assert step_cost(moe, 2, 2, 0, 3) == (550 + 2 * 2, 2 * 4 * 2 + 2 * 5 * 2 + 4 * 3)
+    # windows: 2 of 4 layers see at most 3 keys. A sequence of 10 keys counts 1/2 * 10 + 1/2 * 3 = 6.5
+    windowed = ModelCosts(**{**costs.as_dict(), "num_layers": 4, "sliding_layers": 2, "sliding_window": 3})
+    assert windowed.effective_keys(10) == 6.5 and windowed.effective_keys(2) == 2
+    # keys 1..5: full layers 15, windowed 1 + 2 + 3 + 3 + 3 = 12 -> 13.5
+    assert windowed.effective_key_sum(1, 5) == 13.5 and windowed.effective_key_sum(4, 5) == 1 / 2 * 9 + 1 / 2 * 6
+    assert costs.effective_key_sum(1, 5) == 15
+    # batch-1 decode at 10 cached keys: reads 6.5 keys' K/V, attends to effective(11) = 7
+    assert decode_token_floor(windowed, 10, read_gbps=1e-9, matmul_tflops=1e12) == 1000 + 2 * (6.5 + 1)

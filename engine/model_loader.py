@@ -1,7 +1,7 @@
 """From a ModelConfig to a model with weights, on a device, in a dtype.
 
-`model` may be "default" (the packaged SmolLM2 GGUF), a `.gguf` file, a local
-checkpoint directory or a Hugging Face Hub id; GGUF files are converted once to a
+`model` may be a packaged model's short name ("default": SmolLM2, "gemma3-270m": Gemma 3 270M), a
+`.gguf` file, a local checkpoint directory or a Hugging Face Hub id; GGUF files are converted once to a
 checkpoint directory (see engine/weights/gguf.py), so every path ends in one place:
 a directory with config.json, safetensors and tokenizer files.
 """
@@ -19,11 +19,11 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.registry import resolve_model_class
-from engine.weights.default_model import default_gguf_path
 from engine.weights.dummy import initialize_dummy_weights
 from engine.weights.errors import CheckpointError
-from engine.weights.gguf import convert_gguf
+from engine.weights.gguf import convert_gguf, default_cache_dir
 from engine.weights.hub import download_checkpoint, looks_like_hub_id
+from engine.weights.packaged_models import PACKAGED_MODELS, packaged_gguf_path
 from engine.weights.safetensors import checkpoint_files, iterate_weights
 
 
@@ -61,7 +61,7 @@ def load_model(
             max_model_len beyond the checkpoint's.
     """
     model_dir = resolve_model_dir(model_config, cache_dir)
-    hf_config = load_hf_config(model_dir)
+    hf_config = language_config(load_hf_config(model_dir))
     max_model_len = resolve_max_model_len(hf_config, model_config.max_model_len)
     model_class = resolve_model_class(hf_config)
     with _default_device_and_dtype(device, dtype):
@@ -77,8 +77,9 @@ def load_model(
 def resolve_model_dir(model_config: ModelConfig, cache_dir: str | None = None) -> Path:
     """The local checkpoint directory of `model_config.model`, converting or downloading it."""
     model, load_format = model_config.model, model_config.load_format
-    if model == "default":
-        return convert_gguf(default_gguf_path(), cache_dir)
+    if model in PACKAGED_MODELS:
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        return convert_gguf(packaged_gguf_path(model, root), cache_dir)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if load_format == "safetensors":
@@ -111,6 +112,20 @@ def load_hf_config(model_dir: Path) -> Any:
         return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError for bad configs
         raise CheckpointError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
+
+
+def language_config(hf_config: Any) -> Any:
+    """The config the engine sizes itself from: a multimodal checkpoint's `text_config` (served text-only:
+    Gemma3ForConditionalGeneration), carrying the checkpoint's architecture and special token ids; any other
+    config as it is."""
+    text_config = getattr(hf_config, "text_config", None)
+    if text_config is None:
+        return hf_config
+    text_config.architectures = list(getattr(hf_config, "architectures", None) or [])
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if getattr(text_config, name, None) is None and getattr(hf_config, name, None) is not None:
+            setattr(text_config, name, getattr(hf_config, name))
+    return text_config
 
 
 def checkpoint_max_len(hf_config: Any) -> int:

@@ -31,6 +31,7 @@ from kernels._pdl import use_pdl
 from kernels.decode_attention import paged_decode_attention_ref
 from kernels.fused_moe import fused_experts_ref
 from kernels.gelu_tanh import gelu_tanh_ref
+from kernels.gelu_tanh_and_mul import gelu_tanh_and_mul_ref
 from kernels.greedy_sample import greedy_sample_ref
 from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
@@ -226,6 +227,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return silu_and_mul_ref(x)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] gate | up -> gelu_tanh(gate) * up [T, I] (GeGLU: Gemma's MLP)."""
+    if use_triton(x):
+        from kernels.gelu_tanh_and_mul import gelu_tanh_and_mul as kernel
+
+        return kernel(x)
+    return gelu_tanh_and_mul_ref(x)
+
+
 def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax, top-k and the
     optional renormalization in one kernel (kernels/moe_router.py)."""
@@ -348,21 +358,26 @@ def decode_order(meta: AttentionMetadata, num_kv_heads: int) -> torch.Tensor | N
     return length_order(meta.seq_lens)
 
 
-def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Attention of q [T, Hq, D] over the paged pool kv_cache [2, N, B, Hkv, D] -> [T, Hq, D]."""
+def paged_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None
+) -> torch.Tensor:
+    """Attention of q [T, Hq, D] over the paged pool kv_cache [2, N, B, Hkv, D] -> [T, Hq, D]; window: the
+    layer's sliding window (a query sees its last `window` positions; blocks before them are not read)."""
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     if meta.is_decode_only:
         if use_triton(q):
             from kernels.decode_attention import paged_decode_attention as kernel
 
-            return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, order=meta.decode_order)
-        return paged_decode_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
+            return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, order=meta.decode_order,
+                          window=window)  # fmt: skip
+        return paged_decode_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, window)
     if use_triton(q):
         from kernels.prefill_attention import paged_prefill_attention as kernel
 
         return kernel(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, scale
-        )
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, scale,
+            window=window,
+        )  # fmt: skip
     return paged_prefill_attention_ref(
-        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale, window
     )

@@ -29,6 +29,7 @@ def attend_tile(
     l_i,  # [M] fp32
     qk_scale,
     HAS_MASK: tl.constexpr,
+    MAY_BE_EMPTY: tl.constexpr,  # a row may see no key of this tile while it has seen none before (sliding windows)
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -39,8 +40,11 @@ def attend_tile(
     # max only, instead of a separate multiply over the whole tile (qk_scale > 0, so the
     # max commutes with it and -inf stays -inf)
     m_new = tl.maximum(m_i, tl.max(scores, axis=1) * qk_scale)
-    p = tl.exp2(scores * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    m_use = m_new
+    if MAY_BE_EMPTY:  # m = -inf so far: exponents against 0 leave p, alpha, l and acc at 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores * qk_scale - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i

@@ -46,7 +46,7 @@ from kernels._online_softmax import attend_tile
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 from kernels.decode_grid import MAX_SPLITS, choose_num_splits, reads_first_tile_early
 from kernels.decode_split_merge import MERGES, choose_merge, launch_merge, merge_chunk, merge_split_rows
-from kernels.paged_kv import check_paged_kv, gather_kv_tiles, load_kv_tile
+from kernels.paged_kv import check_paged_kv, check_window, gather_kv_tiles, load_kv_tile
 from kernels.prefill_attention import paged_prefill_attention_ref
 
 # A split walks its key tiles in a software-pipelined loop (the tile config's num_stages in flight) only
@@ -67,7 +67,7 @@ def _attend_full_tiles(
         k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, tile * BLOCK_N + tl.arange(0, BLOCK_N), kv_head,
                                stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
                                PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
-        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
+        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, False, DOT_DTYPE, DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -84,6 +84,7 @@ def _decode_kernel(
     part_lse_ptr,  # [S, Hq, P] fp32, log2 domain
     counter_ptr,  # [>= S * Hkv] int32, zero between calls (used when NUM_SPLITS > 1)
     qk_scale,  # softmax scale * log2(e)
+    window,  # WINDOW: the query sees the sequence's last `window` keys only
     num_kv_heads,
     stride_qs,
     stride_qh,
@@ -112,6 +113,7 @@ def _decode_kernel(
     LOOP_STAGES: tl.constexpr,  # tiles in flight in a split of at least PIPELINE_MIN_TILES more tiles
     PIPELINE_MIN_TILES: tl.constexpr,
     PDL: tl.constexpr,
+    WINDOW: tl.constexpr,  # a sliding window: the splits share the tiles from the window's first on
 ):
     pdl_launch_dependents(PDL)
     if ORDERED:  # the order is the step's metadata, staged before the forward: read before the wait
@@ -126,17 +128,22 @@ def _decode_kernel(
     # stored. So the split's first tile streams in while the kernels before this one finish.
     seq_len = tl.load(seq_lens_ptr + seq)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
+    first_tile = 0  # the tile holding the first key the query sees; the tiles before it are never loaded
+    if WINDOW:
+        first_tile = tl.maximum(seq_len - window, 0) // BLOCK_N
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+    tile_lo = first_tile + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
     # The splits that hold keys (at least one, so that a sequence without keys still gets its output, 0).
     # With the last-split merge the others write no part and draw no ticket: a short context over a
     # grid sized for the GPU leaves most splits empty (batch 1 at 400 keys: 7 of 33).
-    used_splits = tl.maximum(tl.cdiv(num_tiles, tl.maximum(tiles_per_split, 1)), 1)
+    used_splits = tl.maximum(tl.cdiv(num_tiles - first_tile, tl.maximum(tiles_per_split, 1)), 1)
     writes_part = (split < used_splits) | (not MERGE_HERE)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     first_kpos = tile_lo * BLOCK_N + tl.arange(0, BLOCK_N)
     first_in_seq = (first_kpos < seq_len) & (tile_lo < tile_hi)
+    if WINDOW:  # split 0's first tile may begin before the window; every later tile lies inside it
+        first_in_seq = first_in_seq & (first_kpos >= seq_len - window)
     first_pages = tl.load(table + first_kpos // PAGE_SIZE, mask=first_in_seq, other=0).to(tl.int64)
     first_offsets = first_kpos % PAGE_SIZE
     # NOTE: only where the launcher says (reads_first_tile_early): holding the tile across the wait costs
@@ -168,7 +175,7 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     if has_tiles:
-        acc, m_i, l_i = attend_tile(q, k_first, v_first, first_in_seq[None, :], acc, m_i, l_i, qk_scale, True,
+        acc, m_i, l_i = attend_tile(q, k_first, v_first, first_in_seq[None, :], acc, m_i, l_i, qk_scale, True, False,
                                     DOT_DTYPE, DOT_PRECISION)  # fmt: skip
     full_tiles = seq_len // BLOCK_N  # tiles with no key past seq_len: no key mask
     full_hi = tl.minimum(tile_hi, full_tiles)
@@ -195,7 +202,7 @@ def _decode_kernel(
                          HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
         v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, in_seq, stride_vn, stride_vb, stride_vh,
                          HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
-        acc, m_i, l_i = attend_tile(q, k, v, in_seq[None, :], acc, m_i, l_i, qk_scale, True, DOT_DTYPE,
+        acc, m_i, l_i = attend_tile(q, k, v, in_seq[None, :], acc, m_i, l_i, qk_scale, True, False, DOT_DTYPE,
                                     DOT_PRECISION)  # fmt: skip
 
     # NOTE: an empty split (short sequence, many splits) has l = 0: it writes output 0
@@ -262,8 +269,12 @@ def paged_decode_attention(
     tiles: dict | None = None,
     merge: str | None = None,
     order: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence q [S, Hq, D] over its paged K/V -> new tensor [S, Hq, D].
+
+    window: the query sees its sequence's last `window` keys only; the splits share the key tiles from the
+    one holding the window's first key on, and the tiles before it are never read. None: every key.
 
     num_splits overrides the context split count (tests and benchmarks); None picks it
     from the batch and the SM count. tiles overrides BLOCK_N, num_warps or num_stages.
@@ -276,6 +287,7 @@ def paged_decode_attention(
     check_device(_decode_kernel, "q, k_cache, v_cache, block_tables and seq_lens",
                  q, k_cache, v_cache, block_tables, seq_lens)  # fmt: skip
     check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    check_window(window)
     num_seqs, num_heads, head_dim = q.shape
     if seq_lens.shape[0] != num_seqs:
         raise ValueError(f"seq_lens must have one entry per query ({num_seqs}), got {seq_lens.shape[0]}")
@@ -307,7 +319,7 @@ def paged_decode_attention(
     grid = (num_seqs * num_kv_heads, 1, num_splits) if order is not None else (num_seqs, num_kv_heads, num_splits)
     _decode_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, order if order is not None else seq_lens, out, part_out,
-        part_lse, counters, scale * math.log2(math.e), num_kv_heads,
+        part_lse, counters, scale * math.log2(math.e), window or 0, num_kv_heads,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -320,7 +332,8 @@ def paged_decode_attention(
         ORDERED=order is not None,
         DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, LOOP_STAGES=config["num_stages"],
-        PIPELINE_MIN_TILES=PIPELINE_MIN_TILES, num_warps=config["num_warps"], num_stages=1, **pdl_options(q.device),
+        PIPELINE_MIN_TILES=PIPELINE_MIN_TILES, WINDOW=window is not None, num_warps=config["num_warps"], num_stages=1,
+        **pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and merge == "kernel":
         launch_merge(part_out, part_lse, out)
@@ -334,7 +347,8 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q: [S, Hq, D] -> out [S, Hq, D]; decode is prefill with one query per sequence."""
+    """q: [S, Hq, D] -> out [S, Hq, D]; decode is prefill with one query per sequence (window: the same)."""
     query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window)

@@ -130,3 +130,9 @@ def check_paged_kv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {seq_lens.shape[0]} sequences")
     if block_tables.shape[1] > 0 and block_tables.stride(1) != 1:
         raise ValueError("block_tables must be contiguous along its last dim")
+
+
+def check_window(window: int | None) -> None:
+    """A sliding window is None (every earlier key) or at least 1 key (the query's own)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")

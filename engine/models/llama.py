@@ -1,4 +1,4 @@
-"""Llama family: Llama 2/3/3.1/3.2, TinyLlama, SmolLM2 and Mistral (full attention).
+"""Llama family: Llama 2/3/3.1/3.2, TinyLlama, SmolLM2 and Mistral (with its sliding window).
 
 Legend: T = new tokens in the step (all sequences, flattened), S = sequences whose
 logits are wanted, H = hidden size, Hq/Hkv = query/KV heads, D = head dim,
@@ -42,6 +42,19 @@ def num_kv_heads_of(config: Any) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+def sliding_window_of(config: Any, layer_idx: int) -> int | None:
+    """Layer layer_idx's sliding window: the config's `sliding_window` where `layer_types` marks the layer
+    "sliding_attention" (Qwen2 with use_sliding_window from max_window_layers on, Gemma 3), on every layer
+    where the config has no layer_types (Mistral); None (full attention) elsewhere."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
+        return None
+    return int(window)
+
+
 class LlamaAttention(nn.Module):
     """Fused QKV projection, rotary embedding, paged attention, output projection.
 
@@ -50,9 +63,14 @@ class LlamaAttention(nn.Module):
         rotary: the model's one RotaryEmbedding (shared by every layer: one cos/sin table).
         qkv_bias: whether q/k/v projections have biases.
         o_bias: whether the output projection has a bias.
+        layer_idx: the layer's index (its sliding window: sliding_window_of).
+        scale: the softmax scale; None: D ** -0.5.
     """
 
-    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(
+        self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool, layer_idx: int,
+        scale: float | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = num_kv_heads_of(config)
@@ -60,7 +78,9 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = qkv_linear(config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, qkv_bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, o_bias)
         self.rotary_emb = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        scale = self.head_dim**-0.5 if scale is None else scale
+        window = sliding_window_of(config, layer_idx)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, scale, window)
 
     def qk_norm(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
         """Hook: a per-head RMSNorm of q and k before the rotation, as (q_weight, k_weight, eps),
@@ -128,7 +148,7 @@ class LlamaModel(nn.Module):
 
     Args:
         config: the transformers config.
-        make_attention: builds one layer's attention from (config, shared rotary embedding).
+        make_attention: builds layer i's attention from (config, shared rotary embedding, i).
         make_mlp: builds layer i's MLP from (config, i).
     """
 
@@ -138,7 +158,7 @@ class LlamaModel(nn.Module):
         rotary = RotaryEmbedding(head_dim_of(config), config.max_position_embeddings, theta, scaling)
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, make_attention(config, rotary), make_mlp(config, i))
+            LlamaDecoderLayer(config, make_attention(config, rotary, i), make_mlp(config, i))
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -179,9 +199,9 @@ class LlamaForCausalLM(nn.Module):
         self.num_kv_heads = num_kv_heads_of(config)
         self.head_dim = head_dim_of(config)
 
-    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+    def make_attention(self, config: Any, rotary: RotaryEmbedding, layer_idx: int) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", False))
-        return LlamaAttention(config, rotary, qkv_bias=bias, o_bias=bias)
+        return LlamaAttention(config, rotary, qkv_bias=bias, o_bias=bias, layer_idx=layer_idx)
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
         """Layer layer_idx's MLP (MoE families override it)."""
@@ -213,8 +233,5 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral is Llama with GQA; its sliding window is not applied (full attention).
-
-    NOTE: identical outputs while sequences stay within `sliding_window` tokens (4096 for
-    Mistral-7B-v0.1; v0.2+ checkpoints have none).
-    """
+    """Mistral is Llama with GQA and, where the config has one, a sliding window on every layer (4096 for
+    Mistral-7B-v0.1; v0.2+ checkpoints have none): attention skips the KV blocks before it."""

@@ -4,7 +4,7 @@
 The Hub's checkpoints keep the block under `block_sparse_moe` with experts `w1` (gate), `w3` (up) and
 `w2` (down); transformers 5 renames the block `mlp` and packs the experts. Both load here: the module is
 `mlp`, as in every other family.
-NOTE: the sliding window (none in 8x7B-v0.1's and 8x22B's configs) is not applied, as for Mistral.
+A sliding window (none in 8x7B-v0.1's and 8x22B's configs) is applied as for Mistral.
 """
 
 from __future__ import annotations

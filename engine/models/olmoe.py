@@ -26,8 +26,8 @@ class OlmoeAttention(LlamaAttention):
     the one-token fused kernels rotate q and k straight out of the projection.
     """
 
-    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__(config, rotary, qkv_bias=qkv_bias, o_bias=o_bias)
+    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool, layer_idx: int) -> None:
+        super().__init__(config, rotary, qkv_bias=qkv_bias, o_bias=o_bias, layer_idx=layer_idx)
         self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.num_kv_heads * self.head_dim, config.rms_norm_eps)
         self.clip_qkv = getattr(config, "clip_qkv", None)
@@ -56,6 +56,6 @@ class OlmoeForCausalLM(MoEForCausalLM):
     MOE_FIELDS = MoEFields(num_experts="num_experts", intermediate_size="intermediate_size",
                            norm_topk_prob="norm_topk_prob")  # fmt: skip
 
-    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+    def make_attention(self, config: Any, rotary: RotaryEmbedding, layer_idx: int) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", False))
-        return OlmoeAttention(config, rotary, qkv_bias=bias, o_bias=bias)
+        return OlmoeAttention(config, rotary, qkv_bias=bias, o_bias=bias, layer_idx=layer_idx)

@@ -27,6 +27,7 @@ class Qwen2MoeForCausalLM(MoEForCausalLM):
         sparse_step=True,
     )
 
-    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+    def make_attention(self, config: Any, rotary: RotaryEmbedding, layer_idx: int) -> nn.Module:
         # NOTE: `qkv_bias` is transformers 5's field; released config.json files lack it and mean True
-        return LlamaAttention(config, rotary, qkv_bias=bool(getattr(config, "qkv_bias", True)), o_bias=False)
+        bias = bool(getattr(config, "qkv_bias", True))
+        return LlamaAttention(config, rotary, qkv_bias=bias, o_bias=False, layer_idx=layer_idx)

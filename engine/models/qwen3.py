@@ -18,8 +18,8 @@ from engine.models.llama import LlamaAttention, LlamaForCausalLM
 class Qwen3Attention(LlamaAttention):
     """LlamaAttention plus q_norm / k_norm: RMSNorm over D, weights [D] shared by all heads."""
 
-    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__(config, rotary, qkv_bias=qkv_bias, o_bias=o_bias)
+    def __init__(self, config: Any, rotary: RotaryEmbedding, *, qkv_bias: bool, o_bias: bool, layer_idx: int) -> None:
+        super().__init__(config, rotary, qkv_bias=qkv_bias, o_bias=o_bias, layer_idx=layer_idx)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -32,6 +32,6 @@ class Qwen3Attention(LlamaAttention):
 class Qwen3ForCausalLM(LlamaForCausalLM):
     """Args: config: a transformers Qwen3Config."""
 
-    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+    def make_attention(self, config: Any, rotary: RotaryEmbedding, layer_idx: int) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", False))
-        return Qwen3Attention(config, rotary, qkv_bias=bias, o_bias=bias)
+        return Qwen3Attention(config, rotary, qkv_bias=bias, o_bias=bias, layer_idx=layer_idx)

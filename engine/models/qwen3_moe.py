@@ -26,6 +26,6 @@ class Qwen3MoeForCausalLM(MoEForCausalLM):
         sparse_step=True,
     )
 
-    def make_attention(self, config: Any, rotary: RotaryEmbedding) -> nn.Module:
+    def make_attention(self, config: Any, rotary: RotaryEmbedding, layer_idx: int) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", False))
-        return Qwen3Attention(config, rotary, qkv_bias=bias, o_bias=bias)
+        return Qwen3Attention(config, rotary, qkv_bias=bias, o_bias=bias, layer_idx=layer_idx)

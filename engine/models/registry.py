@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from engine.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from engine.models.gpt2 import GPT2LMHeadModel
 from engine.models.llama import LlamaForCausalLM, MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
@@ -25,6 +26,13 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+}
+# Architectures refused with their reason (a user asking for them learns why, not only that).
+REFUSED: dict[str, str] = {
+    "Gemma2ForCausalLM": "Gemma 2 soft-caps its attention scores (attn_logit_softcapping), which inferq's attention "
+    "kernels do not apply; Gemma 3 (Gemma3ForCausalLM) is supported",
 }
 
 
@@ -42,6 +50,8 @@ def resolve_model_class(hf_config: Any) -> type[nn.Module]:
     if not architectures:
         raise ValueError(f"config.json has no 'architectures'; supported: {supported_architectures()}")
     name = architectures[0]
+    if name in REFUSED:
+        raise ValueError(f"architecture {name!r} is not supported: {REFUSED[name]}")
     if name not in MODEL_REGISTRY:
         raise ValueError(f"architecture {name!r} is not supported; supported: {supported_architectures()}")
     return MODEL_REGISTRY[name]

@@ -24,7 +24,12 @@ from typing import Any
 import torch
 
 MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
-ARCHITECTURES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "gpt2", *MOE_ARCHITECTURES)
+# Sliding windows shorter than the tests' sequences (so the window changes the outputs), not a multiple of the
+# tests' 16-token blocks: Mistral's on every layer, Qwen2's from max_window_layers on, Gemma 3's on two
+# layers of three beside a global one.
+WINDOW_ARCHITECTURES = ("mistral_window", "qwen2_window", "gemma3")
+ARCHITECTURES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "gpt2", *MOE_ARCHITECTURES,
+                 *WINDOW_ARCHITECTURES)  # fmt: skip
 # How the experts' weights are stored: "hub" as transformers' save_pretrained writes them (per expert:
 # experts.{e}.gate_proj.weight, Mixtral's block_sparse_moe.experts.{e}.w1.weight), "packed" as the
 # model holds them in transformers 5 (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]).
@@ -74,6 +79,13 @@ def tiny_config(kind: str) -> Any:
         return Qwen2Config(**_LLAMA_LIKE, tie_word_embeddings=True, use_sliding_window=False)
     if kind == "qwen3":  # per-head q/k norm, head_dim from config
         return Qwen3Config(**_LLAMA_LIKE, head_dim=32, tie_word_embeddings=False)
+    if kind == "mistral_window":
+        return MistralConfig(**_LLAMA_LIKE, head_dim=32, sliding_window=24, tie_word_embeddings=False)
+    if kind == "qwen2_window":  # layer 0 full, layer 1 sliding
+        return Qwen2Config(**_LLAMA_LIKE, tie_word_embeddings=True, use_sliding_window=True, sliding_window=20,
+                           max_window_layers=1)  # fmt: skip
+    if kind == "gemma3":
+        return tiny_gemma3_config()
     if kind == "gpt2":
         return GPT2Config(
             vocab_size=SMOLLM2_VOCAB_SIZE,
@@ -85,6 +97,22 @@ def tiny_config(kind: str) -> Any:
             eos_token_id=SMOLLM2_EOS,
         )
     raise ValueError(f"unknown tiny architecture {kind!r}; known: {ARCHITECTURES}")
+
+
+def tiny_gemma3_config() -> Any:
+    """Gemma 3 text: layers sliding, sliding, global (sliding_window_pattern 3), a window of 12, local and
+    global RoPE bases with the global one linearly scaled (as Gemma-3-4B's), a softmax scale from
+    query_pre_attn_scalar unlike D ** -0.5, final logits soft-capped."""
+    from transformers import Gemma3TextConfig
+
+    fields = {k: v for k, v in _LLAMA_LIKE.items() if k not in ("rope_theta",)}
+    return Gemma3TextConfig(
+        **dict(fields, num_hidden_layers=3), head_dim=32, query_pre_attn_scalar=24, sliding_window=12,
+        sliding_window_pattern=3, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        }, final_logit_softcapping=50.0, tie_word_embeddings=True, architectures=["Gemma3ForCausalLM"],
+    )  # fmt: skip
 
 
 def tiny_moe_config(kind: str) -> Any:

@@ -61,7 +61,7 @@ def _relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref.float()).norm() / ref.float().norm())
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma3", "mistral_window"])
 def test_bf16_logits_within_bf16_tolerance_of_transformers(kind: str, gpu_tiny_checkpoint: Callable) -> None:
     from transformers import AutoModelForCausalLM
 

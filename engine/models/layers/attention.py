@@ -20,9 +20,12 @@ class PagedAttention(nn.Module):
         num_kv_heads: Hkv (Hq must be a multiple: grouped-query attention).
         head_dim: D.
         scale: softmax scale (usually D ** -0.5).
+        sliding_window: the layer's window (a query sees its last `sliding_window` positions), or None.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -32,6 +35,9 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+        self.sliding_window = sliding_window
 
     def forward(
         self,
@@ -69,5 +75,6 @@ class PagedAttention(nn.Module):
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, Hq*D] or [T, Hq, D], rotated, over the pool that already holds this step's K/V -> [T, Hq*D]."""
         num_tokens = q.shape[0]
-        out = ops.paged_attention(q.view(num_tokens, self.num_heads, self.head_dim), kv_cache, meta, self.scale)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        out = ops.paged_attention(q, kv_cache, meta, self.scale, self.sliding_window)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
