@@ -12,7 +12,7 @@ rows report:
 - full attention: the same model without windows (the same count: the pool is shared);
 - per-group pool: what a pool per layer kind would hold (vLLM's hybrid allocator): every block for the global
   layers, for the sliding layers only the blocks that can hold the last W positions (ceil(W / B) + 1).
-docs/decisions/NNNN-sliding-window-kv-blocks.md records why inferq keeps one pool. Writes
+docs/decisions/0052-sliding-window-attention.md records why inferq keeps one pool. Writes
 window_kv_memory.{json,md} into --out (default $OUT, else bench/results/<gpu>/).
 """
 
