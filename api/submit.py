@@ -9,9 +9,10 @@ them, a full queue's 503 is answered from the headers: api/admission_gate.py):
           request stream (api/admission.py)
     -> with one: queue cap (503) and share (429) -> bind the Idempotency-Key -> save request meta
        -> SUBSCRIBE to its events -> XADD to the request stream.
-NOTE: the SUBSCRIBE goes out before the XADD, so Redis listens for the request's events long
-before a worker can have published one (it must read the message and run a step first); the
-result stream, read once the SUBSCRIBE is confirmed, fills any gap anyway. A request the script
+NOTE: the SUBSCRIBE goes out before the script, so Redis listens for the request's events long
+before a worker can have published one (it must read the message and run a step first). The two go
+on different connections and Redis serves ready connections in its own order, so the script may run
+first; the result stream, read once the SUBSCRIBE is confirmed, fills any gap either way. A request the script
 refuses leaves only that subscription, which is closed before the 503.
 Why one script: a new request's Redis work was four sequential round trips (admit, meta,
 SUBSCRIBE, XADD) before its response headers; now it is one waited on (the script; the SUBSCRIBE's
