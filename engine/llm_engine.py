@@ -17,7 +17,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import make_detokenizer
 from engine.generation_defaults import GenerationDefaults
-from engine.launched_step import LaunchedStep
+from engine.launched_step import LaunchedStep, ModelRunnerOutput
 from engine.live_requests import LiveRequests
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
@@ -27,6 +27,7 @@ from engine.request import FinishReason, Request, RequestStatus
 from engine.request_checks import check_prompt, split_priors
 from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.speculator import Speculator
 from engine.tokenizer import (
     apply_chat_template,
     eos_token_ids,
@@ -110,6 +111,8 @@ class LLMEngine:
         self.live = LiveRequests()
         self.requests = self.live.requests  # internal id -> request (the same dict)
         self.output_processor = OutputProcessor(self.scheduler, self.live)
+        spec = config.speculative
+        self.speculator = Speculator(spec) if spec.method is not None else None
         self.async_scheduling = (
             config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
         )
@@ -231,10 +234,15 @@ class LLMEngine:
         """
         started = time.monotonic()
         outputs: list[RequestOutput] = []
-        overlap = self.async_scheduling and not self.live.sync_ids
+        # speculation needs each request's newest token on the host: such a step reads every step in flight
+        speculate = self.speculator is not None and self.speculator.wants_step(self.scheduler.num_running)
+        overlap = self.async_scheduling and not self.live.sync_ids and not speculate
         if not overlap:
             outputs += self._collect()
+        proposed = self.speculator.propose(self.scheduler.running) if speculate else []
         sched = self.scheduler.schedule()
+        for request in proposed:  # the scheduled items hold the proposals the budget took
+            request.proposed_token_ids = []
         self._num_steps += 1
         self._record(sched)
         if sched.is_empty:
@@ -282,13 +290,32 @@ class LLMEngine:
                 continue
             block_size = self.block_manager.block_size
             for item in sched.scheduled:
+                if item.proposed_token_ids:
+                    continue  # its computed tokens are known once its proposals are verified: _keep_verified
                 # Blocks that this step filled get their prefix hash now that their tokens are known. A step that
                 # crosses no block boundary fills none (a decode step of 15 in 16 requests, with blocks of 16).
                 start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
                 if end // block_size > start // block_size and not item.request.is_finished:
                     self.block_manager.cache_full_blocks(item.request, end)
             outputs += self.output_processor.process(result)
+            if result.verified is not None:
+                self._keep_verified(sched, result)
         return outputs
+
+    def _keep_verified(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """After a verification step: the KV of rejected proposals is dropped. A verifying request computed its
+        newest token and every proposal; it keeps the accepted ones and the target's token after them, so its
+        KV is right up to (not including) its newest token. The slots past that hold rejected tokens' K/V:
+        they are past num_computed_tokens, so no step reads them before one writes them again, and no block
+        holding one is hashed (cache_full_blocks hashes only blocks of computed tokens)."""
+        for item in sched.scheduled:
+            request = item.request
+            if not item.proposed_token_ids or request.is_finished:
+                continue
+            request.num_computed_tokens = request.num_tokens - 1
+            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
+        if self.speculator is not None:
+            self.speculator.record(result.verified)
 
     def _roll_back(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
         """Undoes `_launched` for a step whose tokens will never be read. A request preempted since keeps
@@ -332,7 +359,7 @@ class LLMEngine:
         return outputs
 
     def _record(self, sched: SchedulerOutput) -> None:
-        prefill = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
+        prefill = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1 and not s.proposed_token_ids)
         self.last_step = StepRecord(
             step=self._num_steps,
             scheduled={s.request.request_id: s.num_new_tokens for s in sched.scheduled},
