@@ -384,6 +384,7 @@ class LLMEngine:
     # ---- counters ------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -396,6 +397,10 @@ class LLMEngine:
             num_generated_tokens=self.output_processor.num_generated,
             num_prompt_tokens_computed=self._num_prompt_computed,
             num_steps=self._num_steps,
+            spec_num_drafts=spec.num_drafts if spec else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+            spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
         )
 
 

@@ -184,3 +184,23 @@ class _Recording:
     def propose(self, requests, budgets):
         self.seen += [r.request_id for r in requests]
         return self.inner.propose(requests, budgets)
+
+
+COPY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+    "How vexingly quick daft zebras jump. The five boxing wizards jump quickly."
+)
+
+
+def test_ngram_proposer_on_the_packaged_smollm2_copying_text(smollm2_dir: Path) -> None:
+    """The prompt-lookup proposer on a real model asked to repeat a text: the same greedy tokens, most of them
+    from accepted proposals."""
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    plain_engine = make_engine(smollm2_dir)
+    prompt = plain_engine.apply_chat_template([{"role": "user", "content": f"Repeat exactly: {COPY_TEXT}"}])
+    plain = run_staggered(plain_engine, [prompt], params)
+    engine = make_engine(smollm2_dir, speculative=spec_config(4))
+    assert run_staggered(engine, [prompt], params) == plain
+    stats = engine.speculator.stats
+    assert stats.mean_accepted_length > 2.0, stats
+    assert engine.stats().num_steps < plain_engine.stats().num_steps / 2
