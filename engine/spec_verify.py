@@ -34,7 +34,8 @@ class DraftRow:
     """
 
     __slots__ = ("_request", "_proposed", "sampling_params", "seed", "eos_token_ids", "num_prompt_tokens",
-                 "num_prior_output_tokens", "num_pending_tokens", "num_output_tokens", "num_tokens_with_pending")  # fmt: skip
+                 "num_prior_output_tokens", "num_pending_tokens", "num_output_tokens",
+                 "num_tokens_with_pending")  # fmt: skip
 
     def __init__(self, request: Request, proposed: list[int]) -> None:
         self._request = request

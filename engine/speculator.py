@@ -52,8 +52,8 @@ class Speculator:
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None) -> None:
         self.config = config
-        self.proposer = proposer if proposer is not None else make_proposer(
-            config.method, config.ngram_max, config.ngram_min
+        self.proposer = (
+            proposer if proposer is not None else make_proposer(config.method, config.ngram_max, config.ngram_min)
         )
         self.stats = SpecDecodeStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self.recent_acceptance_rate = 1.0

@@ -137,11 +137,15 @@ def test_verified_blocks_enter_the_prefix_cache_with_their_true_tokens(tiny_llam
     prompt = _prompts(seed=4)[1]
     params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     reference = run_staggered(make_engine(tiny_llama_dir), [prompt], params)["r0"]
-    engine = with_proposer(make_engine(tiny_llama_dir, speculative=spec_config(4)), ReferenceProposer({"r0": reference}))
+    engine = with_proposer(
+        make_engine(tiny_llama_dir, speculative=spec_config(4)), ReferenceProposer({"r0": reference})
+    )
     assert run_staggered(engine, [prompt], params)["r0"] == reference
     hits = engine.block_manager.num_prefix_hits
     engine.speculator.proposer = NgramProposer()
-    engine.add_request("again", prompt + reference[:50], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    engine.add_request(
+        "again", prompt + reference[:50], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    )
     rest = []
     while engine.has_unfinished_requests():
         rest += [t for out in engine.step() for t in out.new_token_ids]
@@ -154,7 +158,9 @@ def test_the_policy_and_the_opt_out(tiny_llama_dir: Path) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     plain = run_staggered(make_engine(tiny_llama_dir), prompts, params)
     # more running requests than max_batch_size: no step speculates
-    engine = with_proposer(make_engine(tiny_llama_dir, speculative=spec_config(max_batch_size=2)), ReferenceProposer(plain))
+    engine = with_proposer(
+        make_engine(tiny_llama_dir, speculative=spec_config(max_batch_size=2)), ReferenceProposer(plain)
+    )
     assert run_staggered(engine, prompts, params) == plain and engine.speculator.stats.num_drafts == 0
     # every proposal wrong: the acceptance rate falls below the floor, then only every probe_interval-th step
     # speculates
