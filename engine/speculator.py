@@ -62,7 +62,9 @@ class Speculator:
     def wants_step(self, num_running: int) -> bool:
         """The policy, per step: no speculation in a batch larger than max_batch_size (verifying k + 1 tokens
         a sequence then costs more compute than the weight reads it saves), nor while the recent acceptance
-        rate is below min_acceptance_rate, except every probe_interval-th such step (so the rate can recover)."""
+        rate is below min_acceptance_rate, except every probe_interval-th such step (so the rate can recover).
+        The rate is an exponential average over speculating steps of the fraction of proposed tokens kept, a
+        step that proposed nothing counting as 0."""
         if num_running == 0 or num_running > self.config.max_batch_size:
             return False
         if self.recent_acceptance_rate >= self.config.min_acceptance_rate:
@@ -83,6 +85,10 @@ class Speculator:
             if tokens:
                 request.proposed_token_ids = tokens
                 proposed.append(request)
+        if not proposed:
+            # a speculating step is synchronous: one that finds nothing to verify gave up async scheduling for
+            # nothing, so it counts as a step of no accepted tokens (text that never repeats turns speculation off)
+            self._update_rate(0.0)
         return proposed
 
     def record(self, verified: list[Verified]) -> None:
@@ -102,7 +108,9 @@ class Speculator:
         stats.num_steps += 1
         stats.num_draft_tokens += drafted
         stats.num_accepted_tokens += accepted
-        rate = accepted / drafted
+        self._update_rate(accepted / drafted)
+
+    def _update_rate(self, rate: float) -> None:
         self.recent_acceptance_rate += _RATE_WEIGHT * (rate - self.recent_acceptance_rate)
 
 

@@ -210,3 +210,21 @@ def test_ngram_proposer_on_the_packaged_smollm2_copying_text(smollm2_dir: Path) 
     stats = engine.speculator.stats
     assert stats.mean_accepted_length > 2.0, stats
     assert engine.stats().num_steps < plain_engine.stats().num_steps / 2
+
+
+def test_steps_that_propose_nothing_turn_speculation_off() -> None:
+    """Text that never repeats: every speculating step (synchronous) finds nothing to verify, the recent rate
+    falls as if nothing were accepted, and only probe steps speculate after that."""
+    from engine.request import Request, RequestStatus
+    from engine.speculator import Speculator
+
+    request = Request("x", [1, 2, 3, 4, 5], SamplingParams(max_tokens=50), max_num_tokens=55)
+    request.status, request.num_computed_tokens = RequestStatus.RUNNING, 4
+    speculator = Speculator(spec_config(min_acceptance_rate=0.5, probe_interval=4), NgramProposer())
+    wants = []
+    for _ in range(20):
+        wants.append(speculator.wants_step(1))
+        if wants[-1]:
+            assert speculator.propose([request]) == []
+    # 0.9 ** 7 < 0.5: seven steps, then one in four
+    assert wants == [True] * 7 + [False, False, False, True] * 3 + [False]
