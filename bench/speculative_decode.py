@@ -11,6 +11,8 @@ decode kernel did (the report gives the measured mean accepted length beside the
 
 Per model: batch 1 (a 128-token prompt, NEW_TOKENS greedy tokens) at a = 0..k, and batch BATCH (the same per
 request) at the policy's default (which turns speculation off above 16 running requests) and forced on at a = 2.
+A model with a draft in DRAFTS also runs that draft (random weights) before each proposal, its output replaced by
+the controlled tokens: the draft's real cost at a = 0, 2 and k.
 The packaged SmolLM2 (`default`, real weights) runs the n-gram proposer on a request to repeat a text.
 Writes speculative_decode.{json,md} into --out (bench/results/<gpu>/ by default).
 """
@@ -61,7 +63,22 @@ def _parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _engine(directory, device, dry_run: bool, *, dummy: bool = True, max_num_seqs: int = BATCH):
+DRAFTS = {"Llama-3.1-8B": "Llama-3.2-1B"}  # the draft of a model, bench/configs names (random weights too)
+
+
+class DraftCostProposer:
+    """Runs the real draft proposer (its full cost: k draft forwards and its KV bookkeeping), then proposes the
+    controlled tokens instead of the random draft's: the draft's cost at a known acceptance."""
+
+    def __init__(self, draft, controlled: ControlledProposer) -> None:
+        self.draft, self.controlled = draft, controlled
+
+    def propose(self, requests, budgets):
+        self.draft.propose(requests, budgets)
+        return self.controlled.propose(requests, budgets)
+
+
+def _engine(directory, device, dry_run: bool, *, dummy: bool = True, max_num_seqs: int = BATCH, draft=None):
     from bench.engine_common import async_scheduling_setting
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
     from engine.llm_engine import LLMEngine
@@ -77,7 +94,13 @@ def _engine(directory, device, dry_run: bool, *, dummy: bool = True, max_num_seq
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048),
             device=device.type,
             async_scheduling=async_scheduling_setting(),
-            speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=K),
+            speculative=SpeculativeConfig(
+                method="draft" if draft else "ngram",
+                num_speculative_tokens=K,
+                draft_model=str(draft) if draft else None,
+                draft_load_format="dummy",
+                draft_num_kv_tokens=max_num_seqs * 512,
+            ),
         )
     )
 
@@ -138,8 +161,10 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
 
     directory = model_dir(name, tiny=dry_run)
     vocab = vocab_size_of(directory)
-    engine = _engine(directory, device, dry_run)
+    draft_name = DRAFTS.get(name)
+    engine = _engine(directory, device, dry_run, draft=model_dir(draft_name, tiny=dry_run) if draft_name else None)
     speculator = engine.speculator
+    draft = speculator.proposer if draft_name else None
     new_tokens = 16 if dry_run else NEW_TOKENS
     repeats = 1 if dry_run else 3
     rng = random.Random(0)
@@ -156,6 +181,15 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
         rows.append({"batch": 1, "correct": correct, "target_length": float(min(correct + 1, K + 1)),
                      "ms_per_token": ms, "speedup": off_ms / ms, **spec})  # fmt: skip
         print(f"[spec] {name} batch 1, {correct} right of {K}: {ms:.2f} ms/token ({off_ms / ms:.2f}x) {spec}")
+    if draft is not None:  # the draft's real cost at the controlled acceptances
+        for correct in (0, 2, K):
+            _speculation(engine, speculator, DraftCostProposer(draft, ControlledProposer(reference, correct, vocab)))
+            _timed(engine, one, 16, 1)
+            ms, spec = _timed(engine, one, new_tokens, repeats)
+            length = float(min(correct + 1, K + 1))
+            rows.append({"batch": 1, "correct": correct, "draft": draft_name, "target_length": length,
+                         "ms_per_token": ms, "speedup": off_ms / ms, **spec})  # fmt: skip
+            print(f"[spec] {name} batch 1, draft {draft_name}, {correct} right: {ms:.2f} ms/token, {off_ms / ms:.2f}x")
     batch = 20 if dry_run else BATCH  # above the policy's default limit of 16 either way
     batch_tokens = 8 if dry_run else BATCH_TOKENS
     many = {f"b{i}": [rng.randrange(vocab) for _ in range(PROMPT_LEN)] for i in range(batch)}
@@ -216,6 +250,8 @@ def markdown(results: dict) -> str:
             what = row.get("proposer") or ("off" if row.get("correct") is None else f"{row['correct']} of {K} right")
             if row.get("policy"):
                 what += f", {row['policy']}"
+            if row.get("draft"):
+                what += f", after the {row['draft']} draft's {K} steps"
             measured = row.get("mean_accepted_length")
             lines.append(
                 f"| {row['batch']} | {what} | {row.get('target_length', '')} | "

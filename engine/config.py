@@ -103,7 +103,7 @@ class SchedulerConfig:
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
-SPECULATIVE_METHODS = ("ngram",)  # engine/proposers.py
+SPECULATIVE_METHODS = ("ngram", "draft")  # engine/proposers.py, engine/draft_proposer.py
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,13 @@ class SpeculativeConfig:
     forward verifies them, and only the tokens the target itself would have chosen are kept.
 
     Args:
-        method: None (off) or "ngram" (prompt lookup: the tokens that followed the latest earlier
-            occurrence of the sequence's newest n-gram, in its prompt or output).
+        method: None (off), "ngram" (prompt lookup: the tokens that followed the latest earlier
+            occurrence of the sequence's newest n-gram, in its prompt or output) or "draft" (a smaller
+            checkpoint with the same tokenizer, run by the engine's own runner with a KV pool of its own).
         num_speculative_tokens: k, the most tokens proposed per sequence and step.
+        draft_model: the draft checkpoint (method "draft"), as ModelConfig.model takes it.
+        draft_load_format: its load format ("dummy": random weights of its shape, for benchmarks).
+        draft_num_kv_tokens: the draft's KV pool in tokens; None takes CacheConfig.num_kv_tokens, or 8192.
         ngram_max, ngram_min: the longest and shortest suffix the n-gram proposer matches.
         max_batch_size: no speculation in a step with more running requests than this (verification
             then costs more compute than the weight reads it saves).
@@ -125,6 +129,9 @@ class SpeculativeConfig:
 
     method: str | None = None
     num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    draft_load_format: str = "auto"
+    draft_num_kv_tokens: int | None = None
     ngram_max: int = 4
     ngram_min: int = 1
     max_batch_size: int = 16
@@ -136,6 +143,12 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS} or None, got {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model (a checkpoint with the same tokenizer)")
+        if self.draft_load_format not in LOAD_FORMATS:
+            raise ValueError(f"draft_load_format must be one of {LOAD_FORMATS}, got {self.draft_load_format!r}")
+        if self.draft_num_kv_tokens is not None and self.draft_num_kv_tokens < 1:
+            raise ValueError(f"draft_num_kv_tokens must be >= 1, got {self.draft_num_kv_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.max_batch_size < 1:

@@ -16,6 +16,7 @@ from engine import ops
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import make_detokenizer
+from engine.draft_proposer import build_draft_proposer
 from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep, ModelRunnerOutput
 from engine.live_requests import LiveRequests
@@ -92,6 +93,13 @@ class LLMEngine:
             self.generation_defaults.describe(),
         )
         sched = config.scheduler
+        spec = config.speculative
+        # NOTE: the draft first: on CUDA the model's KV pool takes the memory left after it
+        draft = (
+            build_draft_proposer(config, self.device, self.dtype, self.vocab_size, self.max_model_len,
+                                 _step_graphs(config), cache_dir)
+            if spec.method == "draft" else None
+        )  # fmt: skip
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -111,8 +119,7 @@ class LLMEngine:
         self.live = LiveRequests()
         self.requests = self.live.requests  # internal id -> request (the same dict)
         self.output_processor = OutputProcessor(self.scheduler, self.live)
-        spec = config.speculative
-        self.speculator = Speculator(spec) if spec.method is not None else None
+        self.speculator = Speculator(spec, draft) if spec.method is not None else None
         self.async_scheduling = (
             config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
         )

@@ -55,7 +55,8 @@ class NgramProposer:
 
 
 def make_proposer(method: str, ngram_max: int, ngram_min: int) -> Proposer:
-    """The proposer of SpeculativeConfig.method."""
+    """The proposer of SpeculativeConfig.method that needs no model (the engine builds a draft model's:
+    engine/draft_proposer.py)."""
     if method == "ngram":
         return NgramProposer(ngram_max, ngram_min)
-    raise ValueError(f"unknown speculative method {method!r}")
+    raise ValueError(f"speculative method {method!r} needs a proposer built by the engine")

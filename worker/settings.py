@@ -74,11 +74,17 @@ class WorkerSettings(BaseSettings):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "priority", description="'priority': lower `priority` first, then arrival order."
     )
-    speculative_method: Literal["ngram"] | None = Field(
+    speculative_method: Literal["ngram", "draft"] | None = Field(
         None,
         description="Speculative decoding: 'ngram' proposes the tokens that followed the newest n-gram's latest "
-        "earlier occurrence (prompt lookup); the model verifies them in one forward and keeps its own tokens, so "
-        "outputs are unchanged. Default: off.",
+        "earlier occurrence (prompt lookup), 'draft' those of --draft-model; the model verifies them in one "
+        "forward and keeps its own tokens, so outputs are unchanged. Default: off.",
+    )
+    draft_model: str | None = Field(
+        None, description="The draft checkpoint of --speculative-method draft: a smaller model with the same tokenizer."
+    )
+    draft_num_kv_tokens: int | None = Field(
+        None, ge=1, description="The draft's KV pool in tokens; default: --num-kv-tokens, or 8192."
     )
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="Most tokens proposed per request and step.")
     speculative_max_batch_size: int = Field(
@@ -177,6 +183,8 @@ class WorkerSettings(BaseSettings):
             speculative=SpeculativeConfig(
                 method=self.speculative_method,
                 num_speculative_tokens=self.num_speculative_tokens,
+                draft_model=self.draft_model,
+                draft_num_kv_tokens=self.draft_num_kv_tokens,
                 max_batch_size=self.speculative_max_batch_size,
                 min_acceptance_rate=self.speculative_min_acceptance_rate,
             ),

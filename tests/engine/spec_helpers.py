@@ -38,5 +38,5 @@ def with_proposer(engine: LLMEngine, proposer) -> LLMEngine:
     return engine
 
 
-def spec_config(k: int = 4, **kwargs) -> SpeculativeConfig:
-    return SpeculativeConfig(method="ngram", num_speculative_tokens=k, **kwargs)
+def spec_config(k: int = 4, method: str = "ngram", **kwargs) -> SpeculativeConfig:
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, **kwargs)

@@ -1,5 +1,6 @@
-"""bench/speculative_decode.py's CPU dry run: the controlled proposals give the intended mean accepted lengths,
-and the policy turns speculation off at a batch above its limit."""
+"""bench/speculative_decode.py's CPU dry run: the controlled proposals give the intended mean accepted lengths (with
+and without the draft model's steps before them), and the policy turns speculation off at a batch above its
+limit."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from bench import speculative_decode
 def test_dry_run_reaches_the_intended_accepted_lengths(tmp_path) -> None:
     results = speculative_decode.main(["--dry-run", "--models", "Llama-3.1-8B", "--out", str(tmp_path)])
     rows = results["models"]["Llama-3.1-8B"]["rows"]
-    single = [r for r in rows if r["batch"] == 1 and r["correct"] is not None]
+    single = [r for r in rows if r["batch"] == 1 and r["correct"] is not None and "draft" not in r]
+    with_draft = [r for r in rows if "draft" in r]  # the Llama-3.2-1B shape's draft run before each proposal
+    assert [r["draft"] for r in with_draft] == ["Llama-3.2-1B"] * 3
+    assert [round(r["mean_accepted_length"]) for r in with_draft] == [1, 3, 5]
     # 16 tokens: a proposal never passes max_tokens, so the last steps of a run may keep fewer than intended
     assert [round(r["mean_accepted_length"]) for r in single] == [1, 2, 3, 4, 5]
     assert all(r["mean_accepted_length"] <= r["target_length"] for r in single)

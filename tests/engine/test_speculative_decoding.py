@@ -228,3 +228,35 @@ def test_steps_that_propose_nothing_turn_speculation_off() -> None:
             assert speculator.propose([request]) == []
     # 0.9 ** 7 < 0.5: seven steps, then one in four
     assert wants == [True] * 7 + [False, False, False, True] * 3 + [False]
+
+
+def test_draft_model_itself_and_a_perturbed_copy(tiny_llama_dir: Path, smollm2_dir: Path, tmp_path: Path) -> None:
+    """The draft-model proposer: the model as its own draft keeps every proposal (greedy and seeded rows alike:
+    the draft samples with the same noise of seed and position); a copy with other weights keeps few. Either
+    way the tokens are those without speculation, with the draft's own KV pool too small for every request (a
+    request that finds no room there gets no proposal in that step)."""
+    from tests.engine.checkpoints import build_tiny_checkpoint
+
+    other = build_tiny_checkpoint("llama", tmp_path / "other", smollm2_dir, seed=1)
+    prompts = _prompts(seed=6)[:5]
+    common = dict(max_tokens=24, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, **common) if i % 2 else
+              SamplingParams(temperature=0.8, top_p=0.9, seed=i, **common) for i in range(len(prompts))]  # fmt: skip
+    plain = run_staggered(make_engine(tiny_llama_dir), prompts, params, [0, 0, 1, 2, 3])
+    for draft, kept in ((tiny_llama_dir, 1.0), (other, 0.2)):
+        config = spec_config(4, method="draft", draft_model=str(draft), draft_num_kv_tokens=160)
+        engine = make_engine(tiny_llama_dir, speculative=config)
+        assert run_staggered(engine, prompts, params, [0, 0, 1, 2, 3]) == plain
+        stats = engine.speculator.stats
+        rate = stats.num_accepted_tokens / stats.num_draft_tokens
+        assert (rate == 1.0) if kept == 1.0 else (rate < kept), (draft, stats)
+
+
+def test_packaged_smollm2_as_its_own_draft(smollm2_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    plain_engine = make_engine(smollm2_dir)
+    prompt = plain_engine.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
+    plain = run_staggered(plain_engine, [prompt], params)
+    engine = make_engine(smollm2_dir, speculative=spec_config(4, method="draft", draft_model=str(smollm2_dir)))
+    assert run_staggered(engine, [prompt], params) == plain
+    assert engine.speculator.stats.mean_accepted_length > 3.5
