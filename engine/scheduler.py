@@ -131,6 +131,10 @@ class Scheduler:
                 index += 1
                 continue
             while not self.block_manager.allocate_slots(request, num_new):
+                if num_new > request.num_new_tokens_needed:
+                    # proposed tokens never preempt a request: without room they are dropped
+                    num_new = min(request.num_new_tokens_needed, budget)
+                    continue
                 victim = self._pick_victim()
                 if self.running.index(victim) < index:
                     index -= 1
