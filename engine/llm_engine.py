@@ -16,9 +16,8 @@ from engine import ops
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import make_detokenizer
-from engine.draft_proposer import build_draft_proposer
 from engine.generation_defaults import GenerationDefaults
-from engine.launched_step import LaunchedStep, ModelRunnerOutput
+from engine.launched_step import LaunchedStep
 from engine.live_requests import LiveRequests
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
@@ -28,7 +27,7 @@ from engine.request import FinishReason, Request, RequestStatus
 from engine.request_checks import check_prompt, split_priors
 from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from engine.speculator import Speculator
+from engine.speculator import build_speculator
 from engine.tokenizer import (
     apply_chat_template,
     eos_token_ids,
@@ -93,13 +92,10 @@ class LLMEngine:
             self.generation_defaults.describe(),
         )
         sched = config.scheduler
-        spec = config.speculative
-        # NOTE: the draft first: on CUDA the model's KV pool takes the memory left after it
-        draft = (
-            build_draft_proposer(config, self.device, self.dtype, self.vocab_size, self.max_model_len,
-                                 _step_graphs(config), cache_dir)
-            if spec.method == "draft" else None
-        )  # fmt: skip
+        # NOTE: before the runner: on CUDA the model's KV pool takes the memory a draft model leaves
+        self.speculator = build_speculator(
+            config, self.device, self.dtype, self.vocab_size, self.max_model_len, _step_graphs(config), cache_dir
+        )
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -119,7 +115,6 @@ class LLMEngine:
         self.live = LiveRequests()
         self.requests = self.live.requests  # internal id -> request (the same dict)
         self.output_processor = OutputProcessor(self.scheduler, self.live)
-        self.speculator = Speculator(spec, draft) if spec.method is not None else None
         self.async_scheduling = (
             config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
         )
@@ -306,23 +301,8 @@ class LLMEngine:
                     self.block_manager.cache_full_blocks(item.request, end)
             outputs += self.output_processor.process(result)
             if result.verified is not None:
-                self._keep_verified(sched, result)
+                self.speculator.keep_verified(sched.scheduled, result.verified, self.block_manager)
         return outputs
-
-    def _keep_verified(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> None:
-        """After a verification step: the KV of rejected proposals is dropped. A verifying request computed its
-        newest token and every proposal; it keeps the accepted ones and the target's token after them, so its
-        KV is right up to (not including) its newest token. The slots past that hold rejected tokens' K/V:
-        they are past num_computed_tokens, so no step reads them before one writes them again, and no block
-        holding one is hashed (cache_full_blocks hashes only blocks of computed tokens)."""
-        for item in sched.scheduled:
-            request = item.request
-            if not item.proposed_token_ids or request.is_finished:
-                continue
-            request.num_computed_tokens = request.num_tokens - 1
-            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
-        if self.speculator is not None:
-            self.speculator.record(result.verified)
 
     def _roll_back(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
         """Undoes `_launched` for a step whose tokens will never be read. A request preempted since keeps

@@ -3,16 +3,22 @@ requests get proposals and how many tokens, and the acceptance counters.
 
 LLMEngine asks `wants_step` before it schedules; when it says yes, the engine reads every step in flight
 (proposals need each request's newest token on the host), `propose` sets the proposals the scheduler gives
-budget to, and the step verifies them (engine/spec_verify.py). After the step, `record` counts what was kept.
+budget to, and the step verifies them (engine/spec_verify.py). After the step, `keep_verified` rolls the
+requests' computed tokens back to the kept ones and counts what was kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import SpeculativeConfig
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.draft_proposer import build_draft_proposer
 from engine.proposers import Proposer, make_proposer
 from engine.request import Request, RequestStatus
+from engine.scheduler import ScheduledRequest
 from engine.spec_verify import Verified
 
 _RATE_WEIGHT = 0.1  # each verifying step's weight in the recent acceptance rate
@@ -91,6 +97,21 @@ class Speculator:
             self._update_rate(0.0)
         return proposed
 
+    def keep_verified(self, items: list[ScheduledRequest], verified: list[Verified], blocks: BlockManager) -> None:
+        """After a verification step's tokens are processed: the KV of rejected proposals is dropped, and the
+        outcome counted. A verifying request computed its newest token and every proposal; it keeps the
+        accepted ones and the model's token after them, so its KV is right up to (not including) its newest
+        token. The slots past that hold rejected tokens' K/V: they are past num_computed_tokens, so no step
+        reads them before one writes them again, and no block holding one is hashed (cache_full_blocks hashes
+        only blocks of computed tokens)."""
+        for item in items:
+            request = item.request
+            if not item.proposed_token_ids or request.is_finished:
+                continue
+            request.num_computed_tokens = request.num_tokens - 1
+            blocks.cache_full_blocks(request, request.num_computed_tokens)
+        self.record(verified)
+
     def record(self, verified: list[Verified]) -> None:
         """Counts a verification step's outcome and updates the recent acceptance rate."""
         stats = self.stats
@@ -125,3 +146,17 @@ def _can_speculate(request: Request) -> bool:
         and request.max_num_tokens is not None
         and request.max_num_tokens - request.num_tokens >= 2
     )
+
+
+def build_speculator(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, vocab_size: int, max_model_len: int,
+    step_graphs: str, cache_dir: str | None,
+) -> Speculator | None:  # fmt: skip
+    """The engine's Speculator (None when speculation is off), with its draft model loaded where it has one."""
+    spec = config.speculative
+    if spec.method is None:
+        return None
+    if spec.method == "draft":
+        draft = build_draft_proposer(config, device, dtype, vocab_size, max_model_len, step_graphs, cache_dir)
+        return Speculator(spec, draft)
+    return Speculator(spec)

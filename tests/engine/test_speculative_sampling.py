@@ -12,7 +12,7 @@ from engine.sampling_params import SamplingParams
 from tests.engine.engine_helpers import make_engine, random_prompts
 from tests.engine.spec_helpers import ReferenceProposer, spec_config, with_proposer
 
-NUM_SEEDS = 120
+NUM_SEEDS = 90
 MAX_TOKENS = 5  # t0 from the prefill, t1..t4 from verification steps of up to 3 proposals
 
 
