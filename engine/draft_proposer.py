@@ -42,6 +42,7 @@ class DraftProposer:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self._shadows: dict[str, tuple[Request, Request]] = {}  # request id -> (target request, shadow)
+        self._synced_len: dict[str, int] = {}  # request id -> the request's token count at its shadow's last sync
 
     def propose(self, requests: list[Request], budgets: list[int]) -> list[list[int]]:
         self._forget_finished()
@@ -69,6 +70,7 @@ class DraftProposer:
         if entry is None or entry[0] is not request:
             if entry is not None:
                 self.blocks.free(entry[1])
+            self._synced_len.pop(request.request_id, None)
             shadow = Request(
                 request.request_id,
                 list(request.prompt_token_ids),
@@ -84,10 +86,12 @@ class DraftProposer:
         shadow = entry[1]
         mine, theirs = shadow.all_token_ids, request.all_token_ids
         common = min(len(mine), len(theirs))
-        for i in range(request.num_prompt_tokens, common):  # only output tokens can differ
+        # only the tokens after the last sync can differ: the request's tokens never change once it has them
+        for i in range(self._synced_len.get(request.request_id, request.num_prompt_tokens), common):
             if mine[i] != theirs[i]:
                 common = i
                 break
+        self._synced_len[request.request_id] = len(theirs)
         shadow.num_computed_tokens = min(shadow.num_computed_tokens, common)
         shadow.all_token_ids = list(theirs)
         shadow.output_token_ids = list(request.output_token_ids)
@@ -98,6 +102,7 @@ class DraftProposer:
             if request.is_finished:
                 self.blocks.free(shadow)
                 del self._shadows[request_id]
+                self._synced_len.pop(request_id, None)
 
     def _make_room(self, keep: set[Request]) -> bool:
         """Frees the shadow of a request not in this step (it starts over when it speculates again)."""

@@ -54,3 +54,17 @@ def test_speculation_keeps_the_tokens_on_the_gpu(kind: str, gpu_tiny_checkpoint:
     stats = engine.speculator.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert engine.runner.graphs.num_replays > 0  # the steps that did not verify ran their graphs
+
+
+def test_draft_model_with_its_own_graphs_keeps_the_tokens_on_the_gpu(gpu_tiny_checkpoint: Callable) -> None:
+    """The model as its own draft: the draft's runner replays its own decode graphs, and every proposal is kept."""
+    model_dir = gpu_tiny_checkpoint("llama")
+    prompts = random_prompts(4, 49152, 3, 60, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = run_staggered(_engine(model_dir, SpeculativeConfig()), prompts, params, ARRIVALS[:4])
+    config = SpeculativeConfig(method="draft", draft_model=str(model_dir), num_speculative_tokens=4)
+    engine = _engine(model_dir, config)
+    assert run_staggered(engine, prompts, params, ARRIVALS[:4]) == plain
+    stats = engine.speculator.stats
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+    assert engine.speculator.proposer.runner.graphs.num_replays > 0
