@@ -29,7 +29,7 @@ gpu_info "$OUT/gpu.txt" >>"$LOG"
 
 tests_rc=0 bench_rc=0
 if wants tests; then
-    phase "speculative decoding tests (CUDA: Triton kernels, graphs for the steps that do not verify)"
+    phase "speculative decoding tests (CUDA: Triton kernels, graphs, verification in mixed-bucket graphs)"
     timeout "${TESTS_TIMEOUT_S:-120}" "$PYTHON" -m pytest tests/engine/test_speculative_gpu.py -q -p no:cacheprovider \
         --durations=5 2>&1 | tee -a "$LOG"
     tests_rc=${PIPESTATUS[0]}

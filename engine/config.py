@@ -180,8 +180,8 @@ class EngineConfig:
             each token would reach the caller one step later). Steps of requests whose sampling
             reads earlier tokens on the host (repetition, presence or frequency penalties) run
             synchronously either way.
-        speculative: speculative decoding (off by default); its verification steps run synchronously
-            and eagerly (no CUDA graph).
+        speculative: speculative decoding (off by default); its verification steps run synchronously, in
+            the CUDA graphs of the mixed-step buckets.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -234,9 +234,10 @@ class InputBatch:
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
         staged_rows = num_rows
         if pad_to is not None and not decode:
-            # a mixed bucket's graph gathers S_b rows (mixed_sampling_rows): past the step's own, row 0
+            # a mixed bucket's graph gathers S_b rows (mixed_sampling_rows): past the step's own, row 0 (a step
+            # verifying proposed tokens may have more rows than S_b: all of them are staged)
             self._np64[3 * a + num_rows : 3 * a + padded] = 0
-            staged_rows = padded
+            staged_rows = max(padded, num_rows)
         if waiting:
             self._stage_pending(waiting, pending)
         bt_offset = 2 * sa

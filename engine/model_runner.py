@@ -234,11 +234,10 @@ class ModelRunner:
         clock = self.timer.begin() if self.timer is not None else None
         items = sched.scheduled
         num_tokens = sched.num_scheduled_tokens
-        # NOTE: a step that verifies proposed tokens runs eagerly: a graph bucket gathers one sampling row a
-        # sequence, a verifying sequence needs k + 1
+        # a step that verifies proposed tokens is a mixed step (more tokens than sequences): its bucket's graph
+        # that ends at the hidden states runs it, and its k + 1 rows a verifying sequence are sampled outside
         verifies = any(item.proposed_token_ids for item in items)
-        graphed = self.graphs is not None and not verifies
-        bucket = self.graphs.bucket_for(num_tokens, len(items)) if graphed else None
+        bucket = self.graphs.bucket_for(num_tokens, len(items)) if self.graphs is not None else None
         step = self.inputs.prepare(items, num_tokens, pad_to=bucket, pending=self._last_sampled)
         requests = [items[i].request for i in step.sampling]
         greedy = all(map(_is_plain_greedy, requests))
@@ -248,7 +247,7 @@ class ModelRunner:
             # the greedy graph's tokens are the sampling rows in order: a mixed bucket gathers them, a decode
             # bucket takes its first S rows, so there only where every row samples
             rows_in_order = bucket[0] != bucket[1] or step.logits_rows is None
-            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and rows_in_order)
+            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and rows_in_order and not verifies)
         else:
             out = GraphOutputs(self._forward(step.input_ids, step.positions, step.meta))  # [T, H]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))

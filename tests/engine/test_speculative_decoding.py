@@ -260,3 +260,24 @@ def test_packaged_smollm2_as_its_own_draft(smollm2_dir: Path) -> None:
     engine = make_engine(smollm2_dir, speculative=spec_config(4, method="draft", draft_model=str(smollm2_dir)))
     assert run_staggered(engine, [prompt], params) == plain
     assert engine.speculator.stats.mean_accepted_length > 3.5
+
+
+def test_verification_steps_run_through_the_mixed_graph_buckets(tiny_llama_dir: Path) -> None:
+    """Verification steps are mixed steps: padded to a mixed bucket over the static buffers its CUDA graph reads
+    (run eagerly here: StepGraphs with capture=False), their k + 1 rows a sequence sampled from the bucket's
+    hidden states; a step where every token samples (more rows than the bucket's sequences) included."""
+    from engine.step_timer import StepTimer
+
+    prompts = _prompts(seed=8)[:4]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    plain = run_staggered(make_engine(tiny_llama_dir), prompts, params, [0, 0, 1, 1])
+    engine = make_engine(tiny_llama_dir, max_num_seqs=4, max_num_batched_tokens=64, speculative=spec_config(3))
+    engine.runner.enable_graphs(capture=False)
+    engine.runner.timer = StepTimer(engine.device)
+    with_proposer(engine, ReferenceProposer(plain))
+    assert run_staggered(engine, prompts, params, [0, 0, 1, 1]) == plain
+    verifying = [r for r in engine.runner.timer.records if r.graphed and r.num_tokens > r.num_seqs]
+    assert engine.speculator.stats.num_steps > 0
+    assert engine.runner.graphs.num_mixed_replays == len(verifying) >= engine.speculator.stats.num_steps
+    # 4 sequences verifying 3 proposals each: 16 tokens, 16 sampling rows in a (16, 4) bucket
+    assert any(r.num_tokens == 16 and r.num_seqs == 4 for r in verifying)
