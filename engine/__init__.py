@@ -18,6 +18,7 @@ _EXPORTS = {
     "EngineConfig": "engine.config",
     "ModelConfig": "engine.config",
     "SchedulerConfig": "engine.config",
+    "SpeculativeConfig": "engine.config",
     "EngineStats": "engine.outputs",
     "RequestOutput": "engine.outputs",
     "SamplingParams": "engine.sampling_params",

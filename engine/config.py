@@ -103,6 +103,62 @@ class SchedulerConfig:
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
+SPECULATIVE_METHODS = ("ngram", "draft")  # engine/proposers.py, engine/draft_proposer.py
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (docs/speculative-decoding.md): a proposer guesses the next tokens, one target
+    forward verifies them, and only the tokens the target itself would have chosen are kept.
+
+    Args:
+        method: None (off), "ngram" (prompt lookup: the tokens that followed the latest earlier
+            occurrence of the sequence's newest n-gram, in its prompt or output) or "draft" (a smaller
+            checkpoint with the same tokenizer, run by the engine's own runner with a KV pool of its own).
+        num_speculative_tokens: k, the most tokens proposed per sequence and step.
+        draft_model: the draft checkpoint (method "draft"), as ModelConfig.model takes it.
+        draft_load_format: its load format ("dummy": random weights of its shape, for benchmarks).
+        draft_num_kv_tokens: the draft's KV pool in tokens; None takes CacheConfig.num_kv_tokens, or 8192.
+        ngram_max, ngram_min: the longest and shortest suffix the n-gram proposer matches.
+        max_batch_size: no speculation in a step with more running requests than this (verification
+            then costs more compute than the weight reads it saves).
+        min_acceptance_rate: no speculation while the recent fraction of accepted draft tokens is below
+            this; a step in `probe_interval` speculates anyway, so the rate can recover.
+        probe_interval: see min_acceptance_rate.
+    """
+
+    method: str | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    draft_load_format: str = "auto"
+    draft_num_kv_tokens: int | None = None
+    ngram_max: int = 4
+    ngram_min: int = 1
+    max_batch_size: int = 16
+    min_acceptance_rate: float = 0.1
+    probe_interval: int = 16
+
+    def __post_init__(self) -> None:
+        if self.method is not None and self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS} or None, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model (a checkpoint with the same tokenizer)")
+        if self.draft_load_format not in LOAD_FORMATS:
+            raise ValueError(f"draft_load_format must be one of {LOAD_FORMATS}, got {self.draft_load_format!r}")
+        if self.draft_num_kv_tokens is not None and self.draft_num_kv_tokens < 1:
+            raise ValueError(f"draft_num_kv_tokens must be >= 1, got {self.draft_num_kv_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"speculative max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not 0 <= self.min_acceptance_rate <= 1:
+            raise ValueError(f"min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
+        if self.probe_interval < 1:
+            raise ValueError(f"probe_interval must be >= 1, got {self.probe_interval}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, composed per layer.
@@ -124,6 +180,8 @@ class EngineConfig:
             each token would reach the caller one step later). Steps of requests whose sampling
             reads earlier tokens on the host (repetition, presence or frequency penalties) run
             synchronously either way.
+        speculative: speculative decoding (off by default); its verification steps run synchronously, in
+            the CUDA graphs of the mixed-step buckets.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -134,6 +192,7 @@ class EngineConfig:
     enforce_eager: bool = False
     pdl: bool | None = None
     async_scheduling: bool | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.kernels not in ("auto", "torch", "triton"):

@@ -62,7 +62,8 @@ class StepInputs:
         num_padded: rows after padding (S, equal to T for a padded decode step).
         logits_rows: [R] int64 rows of the hidden states to sample from; None when they are
             simply rows 0..num_seqs-1 (a decode step).
-        sampling: ScheduledRequest index of each sampling row, in order.
+        sampling: ScheduledRequest index of each sampling row, in order (a request verifying k proposed
+            tokens has k + 1 rows).
     """
 
     input_ids: torch.Tensor
@@ -94,7 +95,8 @@ class InputBatch:
         self.block_size = block_size
         self.device = device
         pin = device.type == "cuda"
-        n64 = 3 * _align(max_num_tokens) + _align(max_num_seqs)
+        # logits rows: one per sequence, or up to one per token when sequences verify proposed tokens
+        n64 = 3 * _align(max_num_tokens) + _align(max(max_num_seqs, max_num_tokens))
         n32 = 2 * _align(max_num_seqs + 1) + max_num_seqs * max_blocks_per_seq
         self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=pin)
         self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=pin)
@@ -232,9 +234,10 @@ class InputBatch:
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
         staged_rows = num_rows
         if pad_to is not None and not decode:
-            # a mixed bucket's graph gathers S_b rows (mixed_sampling_rows): past the step's own, row 0
+            # a mixed bucket's graph gathers S_b rows (mixed_sampling_rows): past the step's own, row 0 (a step
+            # verifying proposed tokens may have more rows than S_b: all of them are staged)
             self._np64[3 * a + num_rows : 3 * a + padded] = 0
-            staged_rows = padded
+            staged_rows = max(padded, num_rows)
         if waiting:
             self._stage_pending(waiting, pending)
         bt_offset = 2 * sa
@@ -347,7 +350,10 @@ class InputBatch:
             start, n = item.num_computed_tokens, item.num_new_tokens
             end = start + n
             tokens = item.request.all_token_ids
-            if end <= len(tokens):
+            proposed = item.proposed_token_ids
+            if proposed:  # speculative decoding: the request's last tokens, then the proposal (none is pending)
+                np64[t : t + n] = tokens[start:] + proposed
+            elif end <= len(tokens):
                 np64[t : t + n] = tokens[start:end]
             else:  # only the newest token can be pending
                 np64[t : t + n - 1] = tokens[start : end - 1]
@@ -360,7 +366,10 @@ class InputBatch:
             seq_lens.append(end)
             query_lens.append(n)
             np32[sa + i + 1] = t
-            if item.samples:
+            if proposed:  # every proposed position is verified: k + 1 sampling rows
+                rows.extend(range(t - len(proposed) - 1, t))
+                sampling.extend([i] * (len(proposed) + 1))
+            elif item.samples:
                 rows.append(t - 1)
                 sampling.append(i)
         np32[:num_seqs] = seq_lens

@@ -20,13 +20,17 @@ from engine.step_timer import StepClock
 @dataclass
 class ModelRunnerOutput:
     """Per sampling request (in scheduling order): its new token, logprob and error; and the prompt logprobs of
-    the step's chunks that computed some (engine/prompt_logprobs.py): (request, first position, logprobs)."""
+    the step's chunks that computed some (engine/prompt_logprobs.py): (request, first position, logprobs).
+    A verification step (speculative decoding) also has `verified`: each request's kept tokens, first of
+    which are token_ids and logprobs."""
 
     requests: list[Request]
     token_ids: list[int]
     logprobs: list[Logprob | None]
     errors: list[str | None]
     prompt_logprobs: list[tuple[Request, int, list[Logprob]]] = field(default_factory=list)
+    # a step that verified proposed tokens: per request, its kept tokens (engine/spec_verify.py's Verified)
+    verified: list | None = None
 
 
 @dataclass

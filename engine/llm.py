@@ -33,7 +33,8 @@ class LLM:
         cache_dir: where converted checkpoints are kept.
         **kwargs: shortcuts: dtype, max_model_len, load_format, generation_defaults, device, kernels,
             block_size, num_kv_tokens, gpu_memory_utilization, max_num_seqs,
-            max_num_batched_tokens, enable_prefix_caching, enforce_eager, async_scheduling, policy.
+            max_num_batched_tokens, enable_prefix_caching, enforce_eager, async_scheduling, policy, and
+            speculative (a SpeculativeConfig).
     """
 
     def __init__(
@@ -104,7 +105,7 @@ def _config_from_kwargs(model: str, kw: dict) -> EngineConfig:
         ),
         cache=CacheConfig(**take(("block_size", "num_kv_tokens", "gpu_memory_utilization", "enable_prefix_caching"))),
         scheduler=SchedulerConfig(**take(("max_num_seqs", "max_num_batched_tokens", "policy"))),
-        **take(("device", "kernels", "enforce_eager", "async_scheduling")),
+        **take(("device", "kernels", "enforce_eager", "async_scheduling", "speculative")),
     )
     if kw:
         raise TypeError(f"unknown LLM arguments: {sorted(kw)}")

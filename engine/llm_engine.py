@@ -27,6 +27,7 @@ from engine.request import FinishReason, Request, RequestStatus
 from engine.request_checks import check_prompt, split_priors
 from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from engine.speculator import build_speculator
 from engine.tokenizer import (
     apply_chat_template,
     eos_token_ids,
@@ -91,6 +92,10 @@ class LLMEngine:
             self.generation_defaults.describe(),
         )
         sched = config.scheduler
+        # NOTE: before the runner: on CUDA the model's KV pool takes the memory a draft model leaves
+        self.speculator = build_speculator(
+            config, self.device, self.dtype, self.vocab_size, self.max_model_len, _step_graphs(config), cache_dir
+        )
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -231,10 +236,15 @@ class LLMEngine:
         """
         started = time.monotonic()
         outputs: list[RequestOutput] = []
-        overlap = self.async_scheduling and not self.live.sync_ids
+        # speculation needs each request's newest token on the host: such a step reads every step in flight
+        speculate = self.speculator is not None and self.speculator.wants_step(self.scheduler.num_running)
+        overlap = self.async_scheduling and not self.live.sync_ids and not speculate
         if not overlap:
             outputs += self._collect()
+        proposed = self.speculator.propose(self.scheduler.running) if speculate else []
         sched = self.scheduler.schedule()
+        for request in proposed:  # the scheduled items hold the proposals the budget took
+            request.proposed_token_ids = []
         self._num_steps += 1
         self._record(sched)
         if sched.is_empty:
@@ -282,12 +292,16 @@ class LLMEngine:
                 continue
             block_size = self.block_manager.block_size
             for item in sched.scheduled:
+                if item.proposed_token_ids:
+                    continue  # its computed tokens are known once its proposals are verified: _keep_verified
                 # Blocks that this step filled get their prefix hash now that their tokens are known. A step that
                 # crosses no block boundary fills none (a decode step of 15 in 16 requests, with blocks of 16).
                 start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
                 if end // block_size > start // block_size and not item.request.is_finished:
                     self.block_manager.cache_full_blocks(item.request, end)
             outputs += self.output_processor.process(result)
+            if result.verified is not None:
+                self.speculator.keep_verified(sched.scheduled, result.verified, self.block_manager)
         return outputs
 
     def _roll_back(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
@@ -332,7 +346,7 @@ class LLMEngine:
         return outputs
 
     def _record(self, sched: SchedulerOutput) -> None:
-        prefill = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1)
+        prefill = sum(s.num_new_tokens for s in sched.scheduled if s.num_new_tokens > 1 and not s.proposed_token_ids)
         self.last_step = StepRecord(
             step=self._num_steps,
             scheduled={s.request.request_id: s.num_new_tokens for s in sched.scheduled},
@@ -357,6 +371,7 @@ class LLMEngine:
     # ---- counters ------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -369,6 +384,10 @@ class LLMEngine:
             num_generated_tokens=self.output_processor.num_generated,
             num_prompt_tokens_computed=self._num_prompt_computed,
             num_steps=self._num_steps,
+            spec_num_drafts=spec.num_drafts if spec else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+            spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
         )
 
 

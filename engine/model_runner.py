@@ -40,6 +40,7 @@ from engine.prompt_logprobs import PromptChunk, step_prompt_logprobs
 from engine.request import Request
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
+from engine.spec_verify import verify_step
 from engine.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -233,6 +234,9 @@ class ModelRunner:
         clock = self.timer.begin() if self.timer is not None else None
         items = sched.scheduled
         num_tokens = sched.num_scheduled_tokens
+        # a step that verifies proposed tokens is a mixed step (more tokens than sequences): its bucket's graph
+        # that ends at the hidden states runs it, and its k + 1 rows a verifying sequence are sampled outside
+        verifies = any(item.proposed_token_ids for item in items)
         bucket = self.graphs.bucket_for(num_tokens, len(items)) if self.graphs is not None else None
         step = self.inputs.prepare(items, num_tokens, pad_to=bucket, pending=self._last_sampled)
         requests = [items[i].request for i in step.sampling]
@@ -243,11 +247,18 @@ class ModelRunner:
             # the greedy graph's tokens are the sampling rows in order: a mixed bucket gathers them, a decode
             # bucket takes its first S rows, so there only where every row samples
             rows_in_order = bucket[0] != bucket[1] or step.logits_rows is None
-            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and rows_in_order)
+            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and rows_in_order and not verifies)
         else:
             out = GraphOutputs(self._forward(step.input_ids, step.positions, step.meta))  # [T, H]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         prompt_chunks = step_prompt_logprobs(self.model, out.hidden, items) if prompt_logprobs else []
+        if verifies:
+            result = verify_step(self.sampler, self._logits(out, step), items, step.sampling)
+            result.prompt_logprobs = prompt_chunks
+            self._last_sampled = None  # a verifying step is read before the next one is scheduled
+            if clock is not None:
+                clock.launched()
+            return LaunchedStep(result.requests, lambda: result, on_done)
         if not requests:
             self._last_sampled = None
             if clock is not None:

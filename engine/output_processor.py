@@ -55,6 +55,8 @@ class OutputProcessor:
         # common case (a token, no logprobs, no stop) is written inline: no helper calls, the
         # output built positionally, the stop checks against what the request computed once
         # (stop_token_set, max_num_tokens) (decisions 0022, 0023).
+        if result.verified is not None:
+            return self._process_verified(result)
         outputs = []
         detokenizers = self.live.detokenizers
         finished, stop, length = RequestStatus.FINISHED, FinishReason.STOP, FinishReason.LENGTH
@@ -106,6 +108,58 @@ class OutputProcessor:
             outputs.append(self.finished_output(request, [token], text, None if logprob is None else [logprob]))
         self.num_generated += generated
         return outputs
+
+    def _process_verified(self, result: ModelRunnerOutput) -> list[RequestOutput]:
+        """A verification step's tokens (speculative decoding): each request takes its kept tokens one by one,
+        with every stop rule checked after each, so the tokens after a stop are dropped (the KV the step
+        wrote for them is never read: the request finishes)."""
+        outputs = []
+        for request, verified in zip(result.requests, result.verified, strict=True):
+            request.num_pending_tokens -= 1
+            if request.status is RequestStatus.FINISHED:
+                continue
+            outputs.append(self._take_tokens(request, verified.token_ids, verified.logprobs, verified.error))
+        return outputs
+
+    def _take_tokens(self, request: Request, tokens: list[int], logprobs: list, error: str | None) -> RequestOutput:
+        """Appends tokens to the request until one stops it; the one output of the request's step."""
+        detok = self.live.detokenizers[request.request_id]
+        min_tokens = request.sampling_params.min_tokens
+        taken, taken_logprobs, text = [], [], ""
+        reason = None
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            request.append_token(token)
+            self.num_generated += 1
+            taken.append(token)
+            if logprob is not None:
+                request.output_logprobs.append(logprob)
+                taken_logprobs.append(logprob)
+            by_token = token in request.stop_token_set and request.num_output_tokens > min_tokens
+            if not by_token:
+                text += detok.add_token(token)
+            if by_token or detok.stopped:
+                reason = FinishReason.STOP
+            elif request.num_tokens >= request.max_num_tokens:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                break
+        new_logprobs = taken_logprobs if request.sampling_params.logprobs is not None else None
+        if reason is None and error is None:
+            return RequestOutput(
+                request.parent_id or request.request_id,
+                request.choice_index,
+                taken,
+                text,
+                new_logprobs,
+                False,
+                None,
+                len(request.prompt_token_ids) - request.num_prior_output_tokens,
+                request.num_output_tokens,
+            )
+        if reason is not None and not detok.stopped:
+            text += detok.flush()
+        self.scheduler.finish_request(request, reason or FinishReason.ERROR, None if reason else error)
+        return self.finished_output(request, taken, text, new_logprobs)
 
     # ---- outputs ------------------------------------------------------------------
     def finished_output(self, request: Request, tokens: list[int], text: str, logprobs: list | None) -> RequestOutput:

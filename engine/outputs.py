@@ -77,6 +77,11 @@ class EngineStats:
     num_generated_tokens: int
     num_prompt_tokens_computed: int
     num_steps: int
+    # speculative decoding (engine/speculator.py's SpecDecodeStats; zeros when it is off)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
     @property
     def num_free_kv_tokens(self) -> int:

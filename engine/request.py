@@ -86,6 +86,9 @@ class Request:
     # the logprobs of prompt tokens 1.. so far (entry i is token i + 1's), while the request computes them: asked
     # for (prompt_logprobs) and not resumed (a resumed request's first run delivered them); None once delivered
     prompt_logprobs: list[Logprob] | None = None
+    # speculative decoding: the tokens proposed to follow this one's, verified in the step being scheduled
+    # (engine/speculator.py sets them before scheduling; the scheduler gives them budget when it can)
+    proposed_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

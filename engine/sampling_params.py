@@ -32,6 +32,7 @@ SAMPLING_LIMITS: dict[str, tuple[int | float, int | float]] = {
 INTEGER_PARAMS = frozenset({"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"})
 EXCLUSIVE_LOW = frozenset({"top_p"})
 OPTIONAL_PARAMS = frozenset({"seed", "max_tokens", "logprobs", "prompt_logprobs", "logit_bias"})
+BOOLEAN_PARAMS = ("ignore_eos", "skip_special_tokens", "speculative")
 LOGIT_BIAS_LIMITS = (-100.0, 100.0)
 MAX_LOGIT_BIAS_ENTRIES = 300
 TOKEN_ID_LIMITS = (0, INT32_MAX)
@@ -110,6 +111,8 @@ class SamplingParams:
             first), with this many top alternatives (at most 20); computed during prefill, which then bypasses
             the prefix cache.
         skip_special_tokens: drop special tokens from the detokenized text.
+        speculative: False opts the request out of speculative decoding where the engine runs it (its
+            tokens are the same either way; speculation only changes how fast they come).
     """
 
     n: int = 1
@@ -130,6 +133,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -139,6 +143,9 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
+        for name in BOOLEAN_PARAMS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name, (low, high) in SAMPLING_LIMITS.items():
             value = getattr(self, name)
             if value is None and name in OPTIONAL_PARAMS:

@@ -31,6 +31,8 @@ class ScheduledRequest:
         num_computed_tokens: tokens already in the KV cache before this step.
         block_ids: the request's block table after allocation.
         samples: whether this step reaches the end of the request's tokens (so a token is sampled).
+        proposed_token_ids: speculative decoding: proposed tokens after the request's own, the last of the
+            step's new tokens (they are verified: engine/spec_verify.py).
     """
 
     request: Request
@@ -38,6 +40,7 @@ class ScheduledRequest:
     num_computed_tokens: int
     block_ids: list[int]
     samples: bool
+    proposed_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -115,7 +118,7 @@ class Scheduler:
         tables, block_size = self.block_manager.block_tables, self.block_manager.block_size
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_new_tokens_needed, budget)
+            num_new = min(request.num_new_tokens_needed + len(request.proposed_token_ids), budget)
             if num_new <= 0:
                 index += 1
                 continue
@@ -128,6 +131,10 @@ class Scheduler:
                 index += 1
                 continue
             while not self.block_manager.allocate_slots(request, num_new):
+                if num_new > request.num_new_tokens_needed:
+                    # proposed tokens never preempt a request: without room they are dropped
+                    num_new = min(request.num_new_tokens_needed, budget)
+                    continue
                 victim = self._pick_victim()
                 if self.running.index(victim) < index:
                     index -= 1
@@ -200,6 +207,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.proposed_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -209,10 +217,12 @@ class Scheduler:
     def _scheduled(self, request: Request, num_new: int, block_ids: list[int] | None = None) -> ScheduledRequest:
         """block_ids: the request's block table when the caller has it (the block manager's own list)."""
         computed = request.num_computed_tokens
+        num_proposed = computed + num_new - request.num_tokens_with_pending  # > 0: proposals within the budget
         return ScheduledRequest(
             request,
             num_new,
             computed,
             block_ids if block_ids is not None else self.block_manager.get_block_ids(request.request_id),
-            computed + num_new == request.num_tokens_with_pending,
+            num_proposed >= 0,
+            request.proposed_token_ids[:num_proposed] if num_proposed > 0 else [],
         )

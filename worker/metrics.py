@@ -34,6 +34,20 @@ class WorkerMetrics:
         self.step_seconds = Histogram(
             "inferq_worker_step_seconds", "Time of one engine step.", buckets=STEP_SECONDS_BUCKETS, registry=r
         )
+        # speculative decoding, vLLM's spec_decode_* names (zero while it is off)
+        self.spec_drafts = Counter(
+            "inferq_spec_decode_num_drafts", "Proposals verified (one per speculating request and step).", registry=r
+        )
+        self.spec_draft_tokens = Counter("inferq_spec_decode_num_draft_tokens", "Proposed tokens verified.", registry=r)
+        self.spec_accepted_tokens = Counter(
+            "inferq_spec_decode_num_accepted_tokens", "Proposed tokens kept (equal to the model's own).", registry=r
+        )
+        self.spec_accepted_per_pos = Counter(
+            "inferq_spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens kept, by position in the proposal (0 first).",
+            ["position"],
+            registry=r,
+        )
         self.preemptions = Counter("inferq_worker_preemptions", "Requests preempted (recomputed later).", registry=r)
         self.admitted = Counter("inferq_worker_requests_admitted", "Requests added to the engine.", registry=r)
         self.finished = Counter(
@@ -67,12 +81,23 @@ class WorkerMetrics:
             return
         self.generated_tokens.inc(max(0, stats.num_generated_tokens - previous.num_generated_tokens))
         self.preemptions.inc(max(0, stats.num_preemptions - previous.num_preemptions))
+        if stats.spec_num_drafts != previous.spec_num_drafts:
+            self._observe_spec_decode(stats, previous)
         now = time.monotonic()
         if self._rate_tokens is None:
             self._rate_since, self._rate_tokens = now, previous.num_generated_tokens
         if now - self._rate_since >= 1.0:  # tokens/s over roughly the last second
             self.tokens_per_s.set((stats.num_generated_tokens - self._rate_tokens) / (now - self._rate_since))
             self._rate_since, self._rate_tokens = now, stats.num_generated_tokens
+
+    def _observe_spec_decode(self, stats, previous) -> None:
+        self.spec_drafts.inc(stats.spec_num_drafts - previous.spec_num_drafts)
+        self.spec_draft_tokens.inc(stats.spec_num_draft_tokens - previous.spec_num_draft_tokens)
+        self.spec_accepted_tokens.inc(stats.spec_num_accepted_tokens - previous.spec_num_accepted_tokens)
+        before = previous.spec_accepted_per_position or (0,) * len(stats.spec_accepted_per_position)
+        for position, (now, then) in enumerate(zip(stats.spec_accepted_per_position, before, strict=True)):
+            if now != then:
+                self.spec_accepted_per_pos.labels(position=str(position)).inc(now - then)
 
     def serve(self, port: int) -> None:
         """Serve /metrics on `port` (a daemon thread); 0 does nothing."""

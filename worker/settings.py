@@ -74,6 +74,29 @@ class WorkerSettings(BaseSettings):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "priority", description="'priority': lower `priority` first, then arrival order."
     )
+    speculative_method: Literal["ngram", "draft"] | None = Field(
+        None,
+        description="Speculative decoding: 'ngram' proposes the tokens that followed the newest n-gram's latest "
+        "earlier occurrence (prompt lookup), 'draft' those of --draft-model; the model verifies them in one "
+        "forward and keeps its own tokens, so outputs are unchanged. Default: off.",
+    )
+    draft_model: str | None = Field(
+        None, description="The draft checkpoint of --speculative-method draft: a smaller model with the same tokenizer."
+    )
+    draft_num_kv_tokens: int | None = Field(
+        None, ge=1, description="The draft's KV pool in tokens; default: --num-kv-tokens, or 8192."
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Most tokens proposed per request and step.")
+    speculative_max_batch_size: int = Field(
+        16, ge=1, description="No speculation in a step with more running requests than this."
+    )
+    speculative_min_acceptance_rate: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="No speculation while the recent fraction of proposed tokens kept is below this (one step "
+        "in 16 still speculates, so the rate can recover).",
+    )
 
     # ---- intake and leases --------------------------------------------------------------------
     batch_window_ms: float = Field(
@@ -132,7 +155,7 @@ class WorkerSettings(BaseSettings):
 
     def engine_config(self):
         """The engine's frozen EngineConfig built from these settings."""
-        from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+        from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 
         return EngineConfig(
             model=ModelConfig(
@@ -157,4 +180,12 @@ class WorkerSettings(BaseSettings):
             enforce_eager=self.enforce_eager,
             pdl=self.pdl,
             async_scheduling=self.async_scheduling,
+            speculative=SpeculativeConfig(
+                method=self.speculative_method,
+                num_speculative_tokens=self.num_speculative_tokens,
+                draft_model=self.draft_model,
+                draft_num_kv_tokens=self.draft_num_kv_tokens,
+                max_batch_size=self.speculative_max_batch_size,
+                min_acceptance_rate=self.speculative_min_acceptance_rate,
+            ),
         )

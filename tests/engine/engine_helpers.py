@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -25,6 +25,7 @@ def make_engine(
     cache_dir: Path | None = None,
     kernels: str = "torch",
     async_scheduling: bool = False,
+    speculative: SpeculativeConfig | None = None,
 ) -> LLMEngine:
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", max_model_len=max_model_len),
@@ -35,6 +36,7 @@ def make_engine(
         device="cpu",
         kernels=kernels,
         async_scheduling=async_scheduling,
+        speculative=speculative or SpeculativeConfig(),
     )
     return LLMEngine(config, cache_dir=str(cache_dir) if cache_dir else None)
 

@@ -43,6 +43,7 @@ def test_grouping_by_output_length_wastes_fewer_steps_on_the_benchmark_workload(
     from bench.offline_throughput import workload
 
     _, prompt_lens, output_lens = workload(128256, 256, 100, 1024, seed=0)
+
     def steps(order: str) -> int:  # a batch runs as many steps as its longest output
         return sum(max(output_lens[i] for i in b) for b in batch_indices(prompt_lens, output_lens, 64, order))
 

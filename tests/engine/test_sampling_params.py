@@ -139,3 +139,10 @@ def test_temperature_below_the_greedy_threshold_is_greedy(temperature):
 @pytest.mark.parametrize("temperature", [GREEDY_TEMPERATURE, 0.5, 2.0])
 def test_temperature_from_the_threshold_on_samples(temperature):
     assert not SamplingParams(temperature=temperature).is_greedy
+
+
+def test_boolean_fields_refuse_other_values() -> None:
+    for name in ("ignore_eos", "skip_special_tokens", "speculative"):
+        with pytest.raises(ValueError, match=f"{name} must be true or false, got 1"):
+            SamplingParams(**{name: 1})
+    assert SamplingParams(speculative=False).speculative is False

@@ -168,3 +168,27 @@ def test_n_siblings_wait_for_the_first_prompt_then_share_its_blocks():
     second = [x for x in out.scheduled if x.request.request_id == "p#1"][0]
     assert second.num_computed_tokens == 8  # two full blocks shared
     assert s.block_manager.get_block_ids("p#1")[:2] == s.block_manager.get_block_ids("p#0")[:2]
+
+
+def test_proposed_tokens_take_budget_and_blocks_but_never_preempt():
+    s = sched(4)  # 16 slots: a (6 tokens) and b (5) hold two blocks each after their prefill
+    a, b = make("a", 6), make("b", 5)
+    s.add_request(a)
+    s.add_request(b)
+    run_step(s)
+    a.proposed_token_ids = [11]  # 6 computed + its newest token + 1: fits a's two blocks
+    out = s.schedule()
+    assert [(x.request.request_id, x.num_new_tokens, x.proposed_token_ids) for x in out.scheduled] == [
+        ("a", 2, [11]),
+        ("b", 1, []),
+    ]
+    for item in out.scheduled:
+        item.request.num_computed_tokens += item.num_new_tokens
+    a.num_computed_tokens, b.num_computed_tokens = 6, 5  # the engine keeps a's verified tokens only
+    a.proposed_token_ids = [13, 14, 15]  # 6 computed + 1 + 3: a third block, and none is free
+    out = s.schedule()
+    assert [(x.request.request_id, x.num_new_tokens, x.proposed_token_ids) for x in out.scheduled] == [
+        ("a", 1, []),
+        ("b", 1, []),
+    ]
+    assert not out.preempted_request_ids and s.num_preemptions == 0

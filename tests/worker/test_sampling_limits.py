@@ -17,7 +17,7 @@ from worker.protocol import sampling_limits as wire_limits
 SHARED = [
     "SAMPLING_LIMITS", "INTEGER_PARAMS", "EXCLUSIVE_LOW", "OPTIONAL_PARAMS", "LOGIT_BIAS_LIMITS",
     "MAX_LOGIT_BIAS_ENTRIES", "TOKEN_ID_LIMITS", "MAX_STOP_TOKEN_IDS", "MAX_STOP_SEQUENCES", "MAX_STOP_SEQUENCE_CHARS",
-    "PRIORITY_LIMITS",
+    "PRIORITY_LIMITS", "BOOLEAN_PARAMS",
 ]  # fmt: skip
 
 
@@ -87,6 +87,7 @@ def test_the_protocol_and_the_engine_agree_at_every_limit(name):
         ({"stop": ["a"] * 17}, "params.stop", "at most 16 strings"),
         ({"stop": ["x" * 257]}, "params.stop[0]", "1 to 256 characters"),
         ({"ignore_eos": "yes"}, "params.ignore_eos", "true or false"),
+        ({"speculative": 0}, "params.speculative", "true or false, got 0"),
         ({"temperature": None}, "params.temperature", "a number in [0, 2], got None"),
     ],
 )
@@ -102,7 +103,7 @@ def test_values_at_the_limits_and_nulls_of_optional_fields_decode():
         "n": 16, "temperature": 2, "top_p": 5e-324, "top_k": 2**31 - 1, "min_p": 1, "presence_penalty": -2,
         "frequency_penalty": 2.0, "repetition_penalty": 0.01, "seed": 2**63 - 1, "max_tokens": 5, "min_tokens": 5,
         "logprobs": 20, "logit_bias": {"0": -100, str(2**31 - 1): 100}, "stop_token_ids": [0, 2**31 - 1],
-        "stop": "END", "ignore_eos": True, "skip_special_tokens": False,
+        "stop": "END", "ignore_eos": True, "skip_special_tokens": False, "speculative": False,
     }  # fmt: skip
     decoded = _decode(params)
     assert decoded["logit_bias"] == {0: -100, 2**31 - 1: 100}

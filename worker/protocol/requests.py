@@ -18,6 +18,7 @@ from worker.protocol.names import (
     ProtocolError,
 )
 from worker.protocol.sampling_limits import (
+    BOOLEAN_PARAMS,
     LOGIT_BIAS_LIMITS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_SEQUENCE_CHARS,
@@ -95,7 +96,7 @@ def _check_params(params: Any) -> dict[str, Any]:
             if reason is not None:
                 raise ProtocolError(f"params.{name}", reason)
     _check_relations(params)
-    for name in ("ignore_eos", "skip_special_tokens"):
+    for name in BOOLEAN_PARAMS:
         if name in params and not isinstance(params[name], bool):
             raise ProtocolError(f"params.{name}", f"must be true or false, got {params[name]!r}")
     if "stop" in params:

@@ -32,6 +32,8 @@ SAMPLING_LIMITS: dict[str, tuple[int | float, int | float]] = {
 INTEGER_PARAMS = frozenset({"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"})
 EXCLUSIVE_LOW = frozenset({"top_p"})
 OPTIONAL_PARAMS = frozenset({"seed", "max_tokens", "logprobs", "prompt_logprobs", "logit_bias"})  # null means "not set"
+# true or false; "speculative": false opts a request out of speculative decoding (docs/speculative-decoding.md)
+BOOLEAN_PARAMS = ("ignore_eos", "skip_special_tokens", "speculative")
 
 LOGIT_BIAS_LIMITS = (-100.0, 100.0)  # each bias value
 MAX_LOGIT_BIAS_ENTRIES = 300
