@@ -8,7 +8,7 @@ would without speculation: the same penalties, bias, min_tokens mask, temperatur
 counter-based noise of (seed, position) (engine/sampler.py). Row j's history is the true one as long as
 d_1..d_j equal t_0..t_{j-1}; so the kept tokens are t_0..t_n, n the length of the longest prefix of the
 proposal that equals the target's choices, and they are the very tokens non-speculative decoding emits,
-greedy or sampled (decision NNNN: the noise couples proposal and target, so no separate rejection draw).
+greedy or sampled (decision 0054: the noise couples proposal and target, so no separate rejection draw).
 """
 
 from __future__ import annotations
