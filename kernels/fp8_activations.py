@@ -62,14 +62,19 @@ def round_to_e4m3(q):
     Why not only the cast: Triton 3.6's interpreter casts fp32 to fp8 by cutting the mantissa and adding
     the cut-off bit without carrying it into the exponent (124.3 becomes 64, not 128); on the GPU the cast
     rounds as this does, so rounding first makes the cast exact on both. Normal values keep 3 of fp32's 23
-    mantissa bits (round to nearest even on the bit pattern, the carry running into the exponent);
+    mantissa bits (round to nearest even on the magnitude's bit pattern, the carry running into the
+    exponent);
     below 2^-6 e4m3 is subnormal, a fixed step of 2^-9 (rounded by adding and removing 1.5 * 2^23).
     """
-    bits = q.to(tl.int32, bitcast=True)
+    # the sign bit, put back by bits (-0.0 too: a code that rounds to 0 keeps its sign, as the cast does)
+    sign = (q.to(tl.int32, bitcast=True) >> 31) << 31
+    a = tl.abs(q)
+    bits = a.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
     normal = bits.to(tl.float32, bitcast=True)
-    subnormal = ((q * 512.0 + 12582912.0) - 12582912.0) / 512.0
-    return tl.where(tl.abs(q) < 0.015625, subnormal, normal)
+    subnormal = ((a * 512.0 + 12582912.0) - 12582912.0) / 512.0
+    r = tl.where(a < 0.015625, subnormal, normal)
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 def _check(x: torch.Tensor, group_size: int | None, input_scale: torch.Tensor | None) -> None:

@@ -177,3 +177,41 @@ def dequantize_fp8(qweight: torch.Tensor, weight_scale: torch.Tensor) -> torch.T
     if fp8_block_scaled(qweight, weight_scale):
         scale = scale.repeat_interleave(FP8_BLOCK, dim=0)[:num_out].repeat_interleave(FP8_BLOCK, dim=1)[:, :num_in]
     return qweight.float() * scale
+
+
+def random_quantized_weight(
+    fmt: str, num_out: int, num_in: int, group_size: int | None, device: torch.device, *, zeros: bool = False
+) -> dict:
+    """Random codes and scales of one layout, sized so that y = x W^T keeps x's scale (tests, benchmarks):
+    the keyword arguments of the format's matmul after x. fmt: int8, int4, nf4, fp8_block, fp8_channel,
+    fp8_tensor; group_size: int8/int4's (None: per channel)."""
+    g = torch.Generator().manual_seed(num_out * 7919 + num_in)
+    group = num_in if group_size is None else group_size
+    unit = num_in**-0.5
+    if fmt == "int8":
+        qweight = torch.randint(-127, 128, (num_out, num_in), generator=g, dtype=torch.int8)
+        scales = (torch.rand(num_out, num_in // group, generator=g) + 0.5) * unit / 73
+        return {"qweight": qweight.to(device), "scales": scales.to(device), "group_size": group}
+    if fmt in ("int4", "nf4"):
+        qweight = pack_int4(torch.randint(0, 16, (num_out, num_in), generator=g)).to(device)
+        if fmt == "nf4":
+            absmax = (torch.rand(num_out, num_in // NF4_BLOCK, generator=g) + 0.5) * unit * 1.8
+            return {"qweight": qweight, "absmax": absmax.to(device)}
+        scales = ((torch.rand(num_out, num_in // group, generator=g) + 0.5) * unit / 4.6).to(device)
+        zero_points = torch.randint(6, 11, (num_out, num_in // group), generator=g, dtype=torch.uint8)
+        return {
+            "qweight": qweight,
+            "scales": scales,
+            "zeros": zero_points.to(device) if zeros else None,
+            "group_size": group,
+        }
+    shapes = {
+        "fp8_block": (-(-num_out // FP8_BLOCK), -(-num_in // FP8_BLOCK)),
+        "fp8_channel": (num_out, 1),
+        "fp8_tensor": (1, 1),
+    }
+    if fmt not in shapes:
+        raise ValueError(f"fmt must be int8, int4, nf4 or one of {sorted(shapes)}, got {fmt!r}")
+    qweight = (torch.randn(num_out, num_in, generator=g) * 64).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    weight_scale = (torch.rand(*shapes[fmt], generator=g) + 0.5) * unit / 64
+    return {"qweight": qweight.to(device), "weight_scale": weight_scale.to(device)}
