@@ -36,6 +36,7 @@ DENSE, INT8, INT4, NF4, FP8 = 0, 1, 2, 3, 4
 NO_SCALE, CHUNK_SCALE, END_SCALE = 0, 1, 2
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 STREAMING_MAX_TOKENS = 64  # up to here one row block covers every token: the weights stream once
+PER_CHANNEL_GROUP = 1 << 30  # W_GROUP of a single group along K (k0 // it is 0 for every chunk)
 
 
 @triton.jit
@@ -198,16 +199,17 @@ def default_tiles(fmt: int, num_tokens: int, k_chunk: int | None, on_gpu: bool) 
 
     One token: 4 rows a program reading 1 KB of codes a row a step (gemv's shape). 2..64 tokens: every
     token in one row block (Bm the next power of two, at least tl.dot's 16) over 16 weight rows, so an N of
-    2048 still gives 128 programs. Larger: 128 x 128 tensor-core tiles (64 rows of x up to 128 tokens).
-    The interpreter takes small tiles (CPU time grows with the tile)."""
+    2048 still gives 128 programs, and 8192 elements of x a chunk. Larger: 128 x 128 tensor-core tiles (64
+    rows of x up to 128 tokens). The interpreter takes small tiles (CPU time grows with the tile)."""
     four_bit = fmt in (INT4, NF4)
     if num_tokens == 1:
         tile = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=2048 if four_bit else 1024 if fmt != DENSE else 512, num_warps=8)
         tile.update(GROUP_M=1, num_stages=1)
     elif num_tokens <= STREAMING_MAX_TOKENS:
         block_m = max(16, triton.next_power_of_2(num_tokens))
-        tile = dict(BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=512 if four_bit else 256, GROUP_M=1, num_warps=4)
-        tile["num_stages"] = 3
+        # x's chunk [Bm, Bk] stays at 8192 elements (registers and three stages of shared memory)
+        block_k = max(128, min(512, 8192 // block_m))
+        tile = dict(BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=block_k, GROUP_M=1, num_warps=4, num_stages=3)
     else:
         tile = dict(BLOCK_M=64 if num_tokens <= 128 else 128, BLOCK_N=128, BLOCK_K=128 if four_bit else 64)
         tile.update(GROUP_M=8, num_warps=8, num_stages=3)
@@ -255,8 +257,8 @@ def launch_quant_gemm(
     y = torch.empty(num_tokens, num_out, device=x.device, dtype=out_dtype)
     if num_tokens == 0 or num_out == 0:
         return y
-    if w_group >= num_in:  # one group (per channel): every chunk reads column 0, whatever K is
-        w_group = max(num_in, block_k)
+    if w_group >= num_in:  # one group (per channel): every chunk reads column 0, one compilation for every K
+        w_group = PER_CHANNEL_GROUP
     scales_per_chunk = max(1, block_k // w_group) if w_scale_at == CHUNK_SCALE else 1
     # fp8 products on the tensor cores where there are rows to fill them; one token, or the interpreter
     # (which has no fp8 dot), dequantizes to fp32

@@ -68,6 +68,7 @@ __all__ = [
     "nf4_matmul_ref",
     "quantize_fp8_activations",
     "quantize_fp8_activations_ref",
+    "supports_fp8",
 ]
 
 
@@ -160,6 +161,18 @@ def _fp8_activations(x, qweight, weight_scale, input_scale, quantize):
     return (*quantize(x, FP8_BLOCK if grouped else None), grouped)
 
 
+FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: e4m3 conversions and tensor-core products
+
+
+def supports_fp8(device: torch.device) -> bool:
+    """Whether fp8_matmul runs on `device`: a GPU of compute capability 8.9 or newer, or the CPU
+    interpreter (which widens the codes to fp32)."""
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index) >= FP8_MIN_CAPABILITY
+
+
 def uses_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
     """Whether fp8_matmul takes torch._scaled_mm: a GPU, more than STREAMING_MAX_TOKENS tokens, weight
     scales per channel or per tensor, bf16 output and the 16-multiples its fp8 GEMM needs."""
@@ -186,6 +199,11 @@ def fp8_matmul(
     check_activations(x, num_in)
     extra = [input_scale] if input_scale is not None else []
     check_device(_quant_gemm_kernel, "x, qweight, weight_scale and input_scale", x, qweight, weight_scale, *extra)
+    if not supports_fp8(x.device):
+        raise ValueError(
+            f"fp8_matmul needs a GPU of compute capability >= 8.9, {x.device} has "
+            f"{torch.cuda.get_device_capability(x.device)}: quantize the weights to int8 instead"
+        )
     xq, x_scales, grouped = _fp8_activations(x, qweight, weight_scale, input_scale, quantize_fp8_activations)
     if tiles is None and uses_scaled_mm(x, qweight, weight_scale):
         # NOTE: row-wise scaling wants both scales as vectors: [M, 1] and [1, N]
