@@ -34,67 +34,74 @@ from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 DENSE, INT8, INT4, NF4, FP8 = 0, 1, 2, 3, 4
 # where a scale is applied: nowhere, to each K chunk (varies along K), or once to the accumulator
 NO_SCALE, CHUNK_SCALE, END_SCALE = 0, 1, 2
-TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_NIBBLES", "num_warps", "num_stages")
+FP8_SCALE_BLOCK = 128  # fp8 scales' block along K (weights 128 x 128, activations per 128 columns)
 STREAMING_MAX_TOKENS = 64  # up to here one row block covers every token: the weights stream once
 PER_CHANNEL_GROUP = 1 << 30  # W_GROUP of a single group along K (k0 // it is 0 for every chunk)
 
 
 @triton.jit
-def _weight_chunk(
-    w_rows,  # [Bn, 1] pointers to the rows' codes
+def _scale_chunk(
+    w,  # fp32 [Bn, WIDTH]: codes (or codebook values) of columns spread evenly over the chunk k0 .. k0 + Bk
     ws_rows,  # [Bn, 1] pointers to the rows' scales (or absmax)
     wz_rows,  # [Bn, 1] pointers to the rows' zero points (HAS_ZEROS)
-    codebook_ptr,
     n_mask,
     k0,
-    K,
     num_scale_cols,
     FORMAT: tl.constexpr,
-    W_SCALE: tl.constexpr,
     W_GROUP: tl.constexpr,
     SCALES_PER_CHUNK: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
-    RAW: tl.constexpr,  # fp8 codes as they are, for an fp8 tl.dot
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
-    """The chunk k0 .. k0 + Bk of the weight rows, dequantized to fp32 [Bn, Bk] (0 past K); K-varying
-    scales applied."""
-    if FORMAT == 2 or FORMAT == 3:  # 4-bit: bytes [Bn, Bk / 2], byte j = codes 2j (low) and 2j + 1 (high)
-        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        b = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
-        w = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
-        if FORMAT == 3:
-            w = tl.load(codebook_ptr + w.to(tl.int32))
+    """(w - zero) * scale with the chunk's SCALES_PER_CHUNK groups: [Bn, groups, WIDTH / groups] (a reshape
+    that splits the contiguous dim, free in registers)."""
+    cols = k0 // W_GROUP + tl.arange(0, SCALES_PER_CHUNK)
+    c_mask = n_mask[:, None] & (cols < num_scale_cols)[None, :]
+    s = tl.load(ws_rows + cols[None, :], mask=c_mask, other=0.0)
+    w3 = tl.reshape(w, (BLOCK_N, SCALES_PER_CHUNK, WIDTH // SCALES_PER_CHUNK))
+    if FORMAT == 2:
+        if HAS_ZEROS:
+            w3 = w3 - tl.load(wz_rows + cols[None, :], mask=c_mask, other=0).to(tl.float32)[:, :, None]
         else:
-            w = w.to(tl.float32)
+            w3 = w3 - 8.0
+    return tl.reshape(w3 * s[:, :, None], (BLOCK_N, WIDTH))
+
+
+@triton.jit
+def _nibbles(b, codebook_ptr, FORMAT: tl.constexpr):
+    """Codes of 4 bits -> fp32: the int4 code itself, or nf4's codebook value (an L1-resident 64-byte table)."""
+    if FORMAT == 3:
+        return tl.load(codebook_ptr + b.to(tl.int32))
+    return b.to(tl.float32)
+
+
+@triton.jit
+def _x_chunk(x_rows, xs_ptr, m, m_mask, n, k, K, stride_xs, k0, SCALE_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
+             X_SCALE: tl.constexpr, X_WIDE: tl.constexpr):  # fmt: skip
+    """x's columns k (a [WIDTH] vector): one token in the weight tile's layout, [Bn, WIDTH] fp32 (each row
+    reads the same addresses, L1 hits: no layout change, kernels/gemv.py); else [Bm, WIDTH] as stored.
+    X_WIDE: fp32 with fp8's per-128 activation scales applied (SCALE_COLS groups along the chunk)."""
+    if BLOCK_M == 1:
+        xk = tl.load(x_rows + k[None, :] + 0 * n[:, None], mask=m_mask & (k < K)[None, :], other=0.0)
     else:
-        k = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
-        if not RAW:
-            w = w.to(tl.float32)
-    if W_SCALE == 1 and not RAW:
-        if W_GROUP >= BLOCK_K:  # one group covers the chunk: one scale a row
-            col = k0 // W_GROUP
-            s = tl.load(ws_rows + col, mask=n_mask[:, None], other=0.0)
-            if FORMAT == 2:
-                if HAS_ZEROS:
-                    w = w - tl.load(wz_rows + col, mask=n_mask[:, None], other=0).to(tl.float32)
-                else:
-                    w = w - 8.0
-            w = w * s
-        else:  # SCALES_PER_CHUNK groups a chunk: [Bn, groups, G]
-            cols = k0 // W_GROUP + tl.arange(0, SCALES_PER_CHUNK)
-            c_mask = n_mask[:, None] & (cols < num_scale_cols)[None, :]
-            s = tl.load(ws_rows + cols[None, :], mask=c_mask, other=0.0)
-            w3 = tl.reshape(w, (BLOCK_N, SCALES_PER_CHUNK, BLOCK_K // SCALES_PER_CHUNK))
-            if FORMAT == 2:
-                if HAS_ZEROS:
-                    w3 = w3 - tl.load(wz_rows + cols[None, :], mask=c_mask, other=0).to(tl.float32)[:, :, None]
-                else:
-                    w3 = w3 - 8.0
-            w = tl.reshape(w3 * s[:, :, None], (BLOCK_N, BLOCK_K))
-    return w
+        xk = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+    if X_WIDE:
+        xk = xk.to(tl.float32)
+        if X_SCALE == 1:
+            cols = k0 // 128 + tl.arange(0, SCALE_COLS)
+            rows: tl.constexpr = xk.shape[0]
+            width: tl.constexpr = xk.shape[1]
+            if BLOCK_M == 1:
+                xs = tl.load(xs_ptr + m * stride_xs + cols, mask=m_mask & (cols < tl.cdiv(K, 128)), other=0.0)
+                x3 = tl.reshape(xk, (rows, SCALE_COLS, width // SCALE_COLS)) * xs[None, :, None]
+            else:
+                xs_mask = m_mask[:, None] & (cols < tl.cdiv(K, 128))[None, :]
+                xs = tl.load(xs_ptr + m[:, None] * stride_xs + cols[None, :], mask=xs_mask, other=0.0)
+                x3 = tl.reshape(xk, (rows, SCALE_COLS, width // SCALE_COLS)) * xs[:, :, None]
+            xk = tl.reshape(x3, (rows, width))
+    return xk
 
 
 @triton.jit
@@ -123,6 +130,7 @@ def _quant_gemm_kernel(
     HAS_ZEROS: tl.constexpr,
     X_SCALE: tl.constexpr,
     DOT_FP8: tl.constexpr,
+    SPLIT_NIBBLES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -150,27 +158,60 @@ def _quant_gemm_kernel(
     m_mask = m < M
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x
     pdl_wait(PDL)  # x and its scales are the kernels' before
+    FOUR_BIT: tl.constexpr = FORMAT == 2 or FORMAT == 3
+    X_WIDE: tl.constexpr = FORMAT == 4 and not DOT_FP8  # fp8 x widened to fp32 (its scales applied)
+    HALF: tl.constexpr = BLOCK_K // 2
 
     if BLOCK_M == 1:
-        acc_k = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_k = tl.zeros((BLOCK_N, HALF if SPLIT_NIBBLES else BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w = _weight_chunk(
-            w_rows, ws_rows, wz_rows, codebook_ptr, n_mask, k0, K, num_scale_cols,
-            FORMAT, W_SCALE, W_GROUP, SCALES_PER_CHUNK, HAS_ZEROS, DOT_FP8, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-        k = k0 + tl.arange(0, BLOCK_K)
-        if BLOCK_M == 1:
-            # x's chunk in the weight tile's layout: each row reads the same addresses, L1 hits (kernels/gemv.py)
-            xk = tl.load(x_rows + k[None, :] + 0 * n[:, None], mask=m_mask & (k < K)[None, :], other=0.0)
-            xk = xk.to(tl.float32)
-            if X_SCALE == 1:
-                xk = xk * tl.load(xs_ptr + m * stride_xs + k0 // BLOCK_K, mask=m_mask, other=0.0)
-            acc_k += w * xk
+        if SPLIT_NIBBLES:
+            # byte j of the chunk holds columns k0 + 2j (low nibble) and k0 + 2j + 1 (high): the low nibbles
+            # multiply x's even columns and the high ones its odd columns, so the bytes stay in the layout
+            # they were loaded in (interleaving them back costs a pass through shared memory a chunk)
+            j = tl.arange(0, HALF)
+            kb = k0 // 2 + j
+            b = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
+            lo = _nibbles(b & 15, codebook_ptr, FORMAT)
+            hi = _nibbles(b >> 4, codebook_ptr, FORMAT)
+            lo = _scale_chunk(lo, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
+                              SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
+            hi = _scale_chunk(hi, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
+                              SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
+            if BLOCK_M == 1:
+                # x's even and odd columns as rows broadcast over the tile: moved into the nibbles' layout
+                # (4 bytes a column through shared memory), where a tile like the weights' would move the
+                # dequantized nibbles instead (4 bytes a weight)
+                k_even = k0 + 2 * j
+                x_row = x_ptr + pid_m.to(tl.int64) * stride_x  # one token: pid_m < M
+                x_even = tl.load(x_row + k_even, mask=k_even < K, other=0.0).to(tl.float32)
+                x_odd = tl.load(x_row + k_even + 1, mask=k_even + 1 < K, other=0.0).to(tl.float32)
+                acc_k += lo * x_even[None, :] + hi * x_odd[None, :]
+            else:
+                x_even = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j, K, 0, k0, 1, BLOCK_M, 0, False)
+                x_odd = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j + 1, K, 0, k0, 1, BLOCK_M, 0, False)
+                acc = tl.dot(x_even.to(DOT_DTYPE), tl.trans(lo.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
+                acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(hi.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
         else:
-            xk = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
-            if DOT_FP8:
+            k = k0 + tl.arange(0, BLOCK_K)
+            if FOUR_BIT:  # bytes [Bn, Bk / 2] interleaved back into [Bn, Bk] (the tensor-core tiles)
+                kb = k0 // 2 + tl.arange(0, HALF)
+                b = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
+                w = _nibbles(tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K)), codebook_ptr, FORMAT)
+            else:
+                w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
+                if not DOT_FP8:
+                    w = w.to(tl.float32)
+            if W_SCALE == 1 and not DOT_FP8:
+                w = _scale_chunk(w, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
+                                 SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, BLOCK_K)  # fmt: skip
+            xk = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k, K, stride_xs, k0, SCALES_PER_CHUNK, BLOCK_M, X_SCALE,
+                          X_WIDE)  # fmt: skip
+            if BLOCK_M == 1:
+                acc_k += w * xk.to(tl.float32)
+            elif DOT_FP8:  # one 128-wide chunk: its scales multiply the chunk's product
                 part = tl.dot(xk, tl.trans(w))
                 if X_SCALE == 1:
                     part = part * tl.load(xs_ptr + m * stride_xs + k0 // BLOCK_K, mask=m_mask, other=0.0)[:, None]
@@ -179,9 +220,6 @@ def _quant_gemm_kernel(
                     part = part * tl.reshape(ws, (1, BLOCK_N))
                 acc += part
             else:
-                if X_SCALE == 1:
-                    xs = tl.load(xs_ptr + m * stride_xs + k0 // BLOCK_K, mask=m_mask, other=0.0)
-                    xk = xk.to(tl.float32) * xs[:, None]
                 acc = tl.dot(xk.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
     if BLOCK_M == 1:
         acc = tl.reshape(tl.sum(acc_k, axis=1), (1, BLOCK_N))
@@ -193,33 +231,39 @@ def _quant_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-def default_tiles(fmt: int, num_tokens: int, k_chunk: int | None, on_gpu: bool) -> dict:
-    """The tile for `num_tokens` rows of x in format `fmt` (k_chunk: the one chunk width the scales allow,
-    fp8's 128 where a scale varies along K).
+def default_tiles(fmt: int, num_tokens: int, fp8_chunked: bool, on_gpu: bool) -> dict:
+    """The tile for `num_tokens` rows of x in format `fmt` (fp8_chunked: fp8 whose scales vary along K, per
+    128 columns, which fixes an fp8 tl.dot's chunk at 128).
 
     One token: 4 rows a program reading 1 KB of codes a row a step (gemv's shape). 2..64 tokens: every
     token in one row block (Bm the next power of two, at least tl.dot's 16) over 16 weight rows, so an N of
-    2048 still gives 128 programs, and 8192 elements of x a chunk. Larger: 128 x 128 tensor-core tiles (64
-    rows of x up to 128 tokens). The interpreter takes small tiles (CPU time grows with the tile)."""
+    2048 still gives 128 programs, and 8192 elements of x a chunk. Both split 4-bit bytes into their low and
+    high nibbles against x's even and odd columns (SPLIT_NIBBLES). Larger: 128 x 128 tensor-core tiles (64
+    rows of x up to 128 tokens), 4-bit bytes interleaved back (x's columns contiguous for the pipelined
+    loads). The interpreter takes small tiles (CPU time grows with the tile)."""
     four_bit = fmt in (INT4, NF4)
     if num_tokens == 1:
         tile = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=2048 if four_bit else 1024 if fmt != DENSE else 512, num_warps=8)
         tile.update(GROUP_M=1, num_stages=1)
     elif num_tokens <= STREAMING_MAX_TOKENS:
         block_m = max(16, triton.next_power_of_2(num_tokens))
-        # x's chunk [Bm, Bk] stays at 8192 elements (registers and three stages of shared memory)
-        block_k = max(128, min(512, 8192 // block_m))
-        tile = dict(BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=block_k, GROUP_M=1, num_warps=4, num_stages=3)
+        # x's chunk [Bm, Bk] stays at 8192 elements (registers and three stages of shared memory); nf4's
+        # codebook lookups spill at 512 columns (bench/compile_check.py)
+        block_k = max(128, min(256 if fmt == NF4 else 512, 8192 // block_m))
+        # 8 warps at 512 columns: 4 spill the dequantized 4-bit chunk's registers at sm_90 (bench/compile_check.py)
+        tile = dict(BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=block_k, GROUP_M=1, num_warps=8 if block_k >= 512 else 4)
+        tile["num_stages"] = 3
     else:
         tile = dict(BLOCK_M=64 if num_tokens <= 128 else 128, BLOCK_N=128, BLOCK_K=128 if four_bit else 64)
         tile.update(GROUP_M=8, num_warps=8, num_stages=3)
+    tile["SPLIT_NIBBLES"] = four_bit and num_tokens <= STREAMING_MAX_TOKENS
     if not on_gpu:
         tile.update(
             BLOCK_N=min(tile["BLOCK_N"], 16), BLOCK_K=min(tile["BLOCK_K"], 64), BLOCK_M=min(tile["BLOCK_M"], 16)
         )
         tile.update(num_stages=1)
-    if k_chunk is not None:
-        tile["BLOCK_K"] = k_chunk
+    if fp8_chunked and (tile["BLOCK_M"] > 1 or not on_gpu):
+        tile["BLOCK_K"] = FP8_SCALE_BLOCK
     return tile
 
 
@@ -243,26 +287,32 @@ def launch_quant_gemm(
     """y [M, N] in out_dtype; the public functions (kernels/quant_matmul.py) check the arguments."""
     num_tokens, num_in = x.shape
     on_gpu = x.device.type == "cuda"
-    k_chunk = 128 if fmt == FP8 and (w_scale_at == CHUNK_SCALE or x_scale_at == CHUNK_SCALE) else None
-    config = default_tiles(fmt, num_tokens, k_chunk, on_gpu)
+    fp8_chunked = fmt == FP8 and CHUNK_SCALE in (w_scale_at, x_scale_at)
+    config = default_tiles(fmt, num_tokens, fp8_chunked, on_gpu)
     unknown = set(tiles or {}) - set(TILE_KEYS)
     if unknown:
         raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
     config.update(tiles or {})
     block_m, block_k = config["BLOCK_M"], config["BLOCK_K"]
-    if k_chunk is not None and block_k != k_chunk:
-        raise ValueError(f"BLOCK_K must be {k_chunk} (the fp8 scales' block along K), got {block_k}")
     if block_m != 1 and block_m < 16:
         raise ValueError(f"BLOCK_M must be 1 or at least 16 (tl.dot), got {block_m}")
+    # fp8 products on the tensor cores where there are rows to fill them; one token, or the interpreter
+    # (which has no fp8 dot), widens the codes to fp32
+    dot_fp8 = fmt == FP8 and block_m >= 16 and not interpreting()
+    if fp8_chunked and (block_k % FP8_SCALE_BLOCK or (dot_fp8 and block_k != FP8_SCALE_BLOCK)):
+        need = "128" if dot_fp8 else "a multiple of 128"
+        raise ValueError(f"BLOCK_K must be {need} (the fp8 scales' block along K), got {block_k}")
+    if config["SPLIT_NIBBLES"] and fmt not in (INT4, NF4):
+        raise ValueError("SPLIT_NIBBLES is for the 4-bit formats (int4, nf4)")
     y = torch.empty(num_tokens, num_out, device=x.device, dtype=out_dtype)
     if num_tokens == 0 or num_out == 0:
         return y
     if w_group >= num_in:  # one group (per channel): every chunk reads column 0, one compilation for every K
         w_group = PER_CHANNEL_GROUP
-    scales_per_chunk = max(1, block_k // w_group) if w_scale_at == CHUNK_SCALE else 1
-    # fp8 products on the tensor cores where there are rows to fill them; one token, or the interpreter
-    # (which has no fp8 dot), dequantizes to fp32
-    dot_fp8 = fmt == FP8 and block_m >= 16 and not interpreting()
+    if fp8_chunked:  # weight blocks and activation groups share the 128 columns
+        scales_per_chunk = block_k // FP8_SCALE_BLOCK
+    else:
+        scales_per_chunk = max(1, block_k // w_group) if w_scale_at == CHUNK_SCALE else 1
     if fmt == FP8 and not dot_fp8:
         compute_dtype = dot_dtype(torch.float32)
     else:

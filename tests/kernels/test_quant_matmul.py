@@ -92,6 +92,27 @@ def test_int4_tiles_across_group_borders(tiles, device):
         _check(int4_matmul(x, **weight, tiles=run), int4_matmul_ref(x, **weight), 224)
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["split-nibbles", "interleaved"])
+@pytest.mark.parametrize("fmt", ["int4", "nf4"])
+def test_both_4bit_unpackings(fmt, split, device):
+    """The streaming tiles multiply low and high nibbles by x's even and odd columns, the tensor-core tiles
+    interleave them back: each one forced at the other's token counts."""
+    weight = random_quantized_weight(fmt, 26, 256, 64 if fmt == "int4" else None, device, zeros=True)
+    matmul, reference = MATMULS[fmt]
+    for num_tokens in (1, 5, 70):
+        tiles = {"SPLIT_NIBBLES": split, **({"BLOCK_M": 1, "BLOCK_K": 128} if num_tokens == 1 else {})}
+        x = torch.randn(num_tokens, 256, device=device)
+        _check(matmul(x, **weight, tiles=tiles), reference(x, **weight), 256)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_channel"])
+def test_fp8_one_token_chunks_of_several_scale_blocks(fmt, device):
+    """One token widens fp8 to fp32 and may take several 128-column scale blocks a chunk (the GPU's 1024)."""
+    weight = random_quantized_weight(fmt, 140, 520, None, device)
+    x = torch.randn(1, 520, device=device)
+    _check(fp8_matmul(x, **weight, tiles={"BLOCK_K": 256, "BLOCK_N": 4}), fp8_matmul_ref(x, **weight), 520)
+
+
 @pytest.mark.parametrize("num_tokens", [1, 7, 90])
 def test_dense_streaming_matches_the_reference(num_tokens, device):
     w = torch.randn(45, 200, device=device) / 14
@@ -143,11 +164,11 @@ def test_layout_helpers():
 
 def test_tiles_stream_the_weights_up_to_64_tokens():
     for num_tokens in (2, 17, 64):
-        tile = default_tiles(2, num_tokens, None, on_gpu=True)
+        tile = default_tiles(2, num_tokens, False, on_gpu=True)
         assert tile["BLOCK_M"] >= num_tokens and tile["BLOCK_N"] == 16  # one row block: weights read once
-    assert default_tiles(2, 1, None, on_gpu=True)["BLOCK_M"] == 1
-    assert default_tiles(2, 65, None, on_gpu=True)["BLOCK_N"] == 128  # tensor-core tiles
-    assert default_tiles(4, 300, 128, on_gpu=True)["BLOCK_K"] == 128  # fp8 block scales fix the chunk
+    assert default_tiles(2, 1, False, on_gpu=True)["BLOCK_M"] == 1
+    assert default_tiles(2, 65, False, on_gpu=True)["BLOCK_N"] == 128  # tensor-core tiles
+    assert default_tiles(4, 300, True, on_gpu=True)["BLOCK_K"] == 128  # fp8 block scales fix the dot chunk
 
 
 def test_bad_layouts_are_refused_naming_the_argument(device):
@@ -176,10 +197,12 @@ def test_bad_layouts_are_refused_naming_the_argument(device):
     with pytest.raises(ValueError, match="x must be float16"):
         fp8_matmul(x.double(), **w_fp8)
     blocks = random_quantized_weight("fp8_block", 150, 300, None, device)
-    with pytest.raises(ValueError, match="BLOCK_K must be 128"):
+    with pytest.raises(ValueError, match="BLOCK_K must be"):
         fp8_matmul(torch.randn(2, 300, device=device), **blocks, tiles={"BLOCK_K": 64})
     with pytest.raises(ValueError, match="BLOCK_M must be 1 or at least 16"):
         int8_matmul(x, **w8, tiles={"BLOCK_M": 8})
+    with pytest.raises(ValueError, match="SPLIT_NIBBLES is for the 4-bit formats"):
+        int8_matmul(x, **w8, tiles={"SPLIT_NIBBLES": True})
     with pytest.raises(ValueError, match="tiles may set only"):
         int8_matmul(x, **w8, tiles={"BLOCK_Q": 8})
     with pytest.raises(ValueError, match="weight must be"):
