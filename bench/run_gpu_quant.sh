@@ -20,15 +20,21 @@ wants() { case " ${PHASES:-tests bench} " in *" $1 "*) return 0 ;; *) return 1 ;
 
 gpu_info "$OUT/gpu.txt"
 
+# The tests compile some 80 kernel variants: spread them over processes when pytest-xdist is there.
+xdist_args=()
+if "$PYTHON" -c 'import xdist' 2>/dev/null; then
+    xdist_args=(-n "${TEST_WORKERS:-8}")
+fi
+
 tests_rc=0 bench_rc=0
 if wants tests; then
     timeout "${TESTS_TIMEOUT_S:-100}" "$PYTHON" -m pytest tests/kernels/test_quant_gpu.py tests/kernels/test_quant_matmul.py \
-        -q -p no:cacheprovider -p no:benchmark --durations=10 2>&1 | tee "$OUT/tests.log"
+        -q -p no:cacheprovider -p no:benchmark --durations=10 "${xdist_args[@]}" 2>&1 | tee "$OUT/tests.log"
     tests_rc=${PIPESTATUS[0]}
 fi
 
 if wants bench; then
-    timeout "${BENCH_TIMEOUT_S:-190}" "$PYTHON" -m bench.quant_gemm --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+    timeout "${BENCH_TIMEOUT_S:-200}" "$PYTHON" -m bench.quant_gemm --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
     bench_rc=${PIPESTATUS[0]}
 fi
 
