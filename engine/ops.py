@@ -3,7 +3,8 @@ launches is called through a function here.
 
 Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
 only helpers that launch nothing: the PDL switch (engine/llm_engine.py), the pinned buffers the staging kernel
-reads (engine/input_batch.py) and the packing of sampling parameters (engine/sampler.py);
+reads (engine/input_batch.py), the packing of sampling parameters (engine/sampler.py) and the quantized
+weights' layout constants and int4 packing (engine/quantization/);
 tests/engine/test_kernel_imports.py holds the engine to that. The choice is made per call from the
 tensor's device and one process-wide setting (`set_kernel_backend`, fed from
 `EngineConfig.kernels` by the ModelRunner):
@@ -37,6 +38,7 @@ from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.moe_router import moe_route_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
+from kernels.quant_matmul import fp8_matmul_ref, int4_matmul_ref, int8_matmul_ref, nf4_matmul_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
@@ -217,6 +219,52 @@ def rms_norm_qkv_rope(
 
     return kernel(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, kv_cache[0], kv_cache[1],
                   slot_mapping, num_q_heads)  # fmt: skip
+
+
+# Quantized linear layers (engine/quantization/quantized_weight.py; layouts: kernels/quant_formats.py). A
+# quantized layer never takes the fused one-token paths above (gemv, rms_norm_gemv, rms_norm_qkv_rope): those
+# read a dense weight; its layer runs the norm and this matmul apart.
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [T, K] (q * s)^T -> [T, N]."""
+    if use_triton(x):
+        from kernels.quant_matmul import int8_matmul as kernel
+
+        return kernel(x, qweight, scales, group_size)
+    return int8_matmul_ref(x, qweight, scales, group_size)
+
+
+def int4_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    """x [T, K] ((q - z) * s)^T -> [T, N]."""
+    if use_triton(x):
+        from kernels.quant_matmul import int4_matmul as kernel
+
+        return kernel(x, qweight, scales, zeros, group_size)
+    return int4_matmul_ref(x, qweight, scales, zeros, group_size)
+
+
+def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """x [T, K] (NF4_CODEBOOK[q] * absmax)^T -> [T, N]."""
+    if use_triton(x):
+        from kernels.quant_matmul import nf4_matmul as kernel
+
+        return kernel(x, qweight, absmax)
+    return nf4_matmul_ref(x, qweight, absmax)
+
+
+def fp8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None
+) -> torch.Tensor:
+    """x quantized to fp8 (per token, per 128-wide group for block-scaled weights, or by input_scale) times
+    (q * weight_scale)^T -> [T, N] in x's dtype."""
+    if use_triton(x):
+        from kernels.quant_matmul import fp8_matmul as kernel
+
+        return kernel(x, qweight, weight_scale, input_scale)
+    return fp8_matmul_ref(x, qweight, weight_scale, input_scale)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
