@@ -157,25 +157,37 @@ def _quant_gemm_kernel(
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = m < M
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x
-    pdl_wait(PDL)  # x and its scales are the kernels' before
     FOUR_BIT: tl.constexpr = FORMAT == 2 or FORMAT == 3
+    PACK: tl.constexpr = 2 if FOUR_BIT else 1  # codes a stored element
     X_WIDE: tl.constexpr = FORMAT == 4 and not DOT_FP8  # fp8 x widened to fp32 (its scales applied)
     HALF: tl.constexpr = BLOCK_K // 2
+    if BLOCK_M == 1:
+        # one token: the first chunk's codes load before the wait for the kernel before (kernels/_pdl.py), and
+        # each step issues the next chunk's before it computes (one chunk in flight, as kernels/gemv.py)
+        kc = tl.arange(0, BLOCK_K // PACK)
+        codes_next = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
+    pdl_wait(PDL)  # x and its scales are the kernels' before
 
     if BLOCK_M == 1:
         acc_k = tl.zeros((BLOCK_N, HALF if SPLIT_NIBBLES else BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
+        # the chunk's stored codes: [Bn, Bk] (dense, int8, fp8) or bytes [Bn, Bk / 2] (4-bit), 0 past K
+        kc = (k0 + BLOCK_K) // PACK + tl.arange(0, BLOCK_K // PACK)
+        if BLOCK_M == 1:
+            codes = codes_next
+            codes_next = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
+        else:
+            kc -= BLOCK_K // PACK
+            codes = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
         if SPLIT_NIBBLES:
             # byte j of the chunk holds columns k0 + 2j (low nibble) and k0 + 2j + 1 (high): the low nibbles
             # multiply x's even columns and the high ones its odd columns, so the bytes stay in the layout
             # they were loaded in (interleaving them back costs a pass through shared memory a chunk)
             j = tl.arange(0, HALF)
-            kb = k0 // 2 + j
-            b = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
-            lo = _nibbles(b & 15, codebook_ptr, FORMAT)
-            hi = _nibbles(b >> 4, codebook_ptr, FORMAT)
+            lo = _nibbles(codes & 15, codebook_ptr, FORMAT)
+            hi = _nibbles(codes >> 4, codebook_ptr, FORMAT)
             lo = _scale_chunk(lo, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
                               SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
             hi = _scale_chunk(hi, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
@@ -196,14 +208,12 @@ def _quant_gemm_kernel(
                 acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(hi.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
         else:
             k = k0 + tl.arange(0, BLOCK_K)
-            if FOUR_BIT:  # bytes [Bn, Bk / 2] interleaved back into [Bn, Bk] (the tensor-core tiles)
-                kb = k0 // 2 + tl.arange(0, HALF)
-                b = tl.load(w_rows + kb[None, :], mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
-                w = _nibbles(tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K)), codebook_ptr, FORMAT)
+            if FOUR_BIT:  # bytes interleaved back into [Bn, Bk] (the tensor-core tiles)
+                w = _nibbles(tl.reshape(tl.join(codes & 15, codes >> 4), (BLOCK_N, BLOCK_K)), codebook_ptr, FORMAT)
+            elif DOT_FP8:
+                w = codes
             else:
-                w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0)
-                if not DOT_FP8:
-                    w = w.to(tl.float32)
+                w = codes.to(tl.float32)
             if W_SCALE == 1 and not DOT_FP8:
                 w = _scale_chunk(w, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
                                  SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, BLOCK_K)  # fmt: skip
