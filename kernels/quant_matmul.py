@@ -169,8 +169,12 @@ def supports_fp8(device: torch.device) -> bool:
     interpreter (which widens the codes to fp32)."""
     if device.type != "cuda":
         return True
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index) >= FP8_MIN_CAPABILITY
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= FP8_MIN_CAPABILITY
+
+
+@functools.lru_cache(maxsize=8)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)  # looked up once: fp8_matmul asks on every call
 
 
 def uses_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
