@@ -9,6 +9,8 @@
 # (TESTS_TIMEOUT_S, BENCH_TIMEOUT_S; together under 5 minutes); the benchmark rewrites its files after every
 # projection, so a cut-off run keeps what it measured.
 #   PHASES="tests bench" (default: both); extra arguments go to bench.quant_gemm (--models 8B --tokens 1,64 ...).
+#   PHASES=tiles (a call of its own, TILES_TIMEOUT_S): bench.quant_tiles times tile alternatives around the
+#   launcher's defaults at 1, 16 and 64 tokens (quant_tiles.{json,md}).
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
@@ -38,5 +40,11 @@ if wants bench; then
     bench_rc=${PIPESTATUS[0]}
 fi
 
-echo "exit codes (124 = ran out of time): tests $tests_rc, bench $bench_rc"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+tiles_rc=0
+if wants tiles; then
+    timeout "${TILES_TIMEOUT_S:-280}" "$PYTHON" -m bench.quant_tiles --out "$OUT" 2>&1 | tee "$OUT/tiles.log"
+    tiles_rc=${PIPESTATUS[0]}
+fi
+
+echo "exit codes (124 = ran out of time): tests $tests_rc, bench $bench_rc, tiles $tiles_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$tiles_rc" -eq 0 ]

@@ -1,5 +1,6 @@
 """bench/quant_gemm.py's code paths on the CPU (a dry run of two formats at one and three tokens) and its
-arithmetic: the Llama projection shapes, the bytes a weight streams, the floor and its share."""
+arithmetic: the Llama projection shapes, the bytes a weight streams, the floor and its share; bench/quant_tiles.py's
+dry run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import quant_gemm
+from bench import quant_gemm, quant_tiles
 
 
 def test_llama_projection_shapes():
@@ -42,3 +43,11 @@ def test_dry_run_writes_rows_with_floors(tmp_path: Path):
     saved = json.loads((tmp_path / "quant_gemm.json").read_text())
     assert len(saved["rows"]) == len(rows)
     assert "## Every layer's projections at one token" in (tmp_path / "quant_gemm.md").read_text()
+
+
+def test_tile_alternatives_dry_run(tmp_path: Path):
+    results = quant_tiles.main(["--dry-run", "--out", str(tmp_path), "--tokens", "1", "--formats", "int4"])
+    rows = results["rows"]
+    assert rows[0]["tile"]["BLOCK_N"] == 4 and len(rows) == len({str(r["tile"]) for r in rows}) > 4
+    assert all("us" in r for r in rows), [r.get("error") for r in rows]
+    assert "| tiny qkv int4 M=1 |" in (tmp_path / "quant_tiles.md").read_text()
