@@ -185,7 +185,7 @@ def _quant_variants(pdl: dict, on: dict) -> list[Variant]:
         ),
         "int8 per channel": (
             INT8,
-            dict(W_SCALE=1, W_GROUP=PER_CHANNEL_GROUP, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0),
+            dict(W_SCALE=2, W_GROUP=PER_CHANNEL_GROUP, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0),
             {"w_ptr": "*i8"},
             False,
         ),

@@ -100,8 +100,10 @@ def int8_matmul(
     num_out, num_in = int8_weight_shape(qweight, scales, group_size)
     check_activations(x, num_in)
     check_device(_quant_gemm_kernel, "x, qweight and scales", x, qweight, scales)
+    # NOTE: one scale a row multiplies the accumulated sum (the codes, exact in bf16, go into the dot as they are)
+    scale_at = END_SCALE if group_size == num_in else CHUNK_SCALE
     return launch_quant_gemm(
-        x, qweight, num_out, INT8, x.dtype, w_scales=scales, w_scale_at=CHUNK_SCALE, w_group=group_size, tiles=tiles
+        x, qweight, num_out, INT8, x.dtype, w_scales=scales, w_scale_at=scale_at, w_group=group_size, tiles=tiles
     )
 
 
