@@ -154,7 +154,7 @@ def test_fp8_activation_quantization_is_bit_exact(device):
     assert torch.equal(xq.view(torch.uint8), ref_q.view(torch.uint8))
 
 
-def test_layout_helpers():
+def test_int4_packing_and_the_nf4_codebook():
     codes = torch.randint(0, 16, (3, 10))
     packed = pack_int4(codes)
     assert packed.shape == (3, 5) and int(packed[0, 0]) == int(codes[0, 0]) | int(codes[0, 1]) << 4
