@@ -6,20 +6,24 @@ Bm/Bn/Bk = BLOCK_M/BLOCK_N/BLOCK_K.
     dense: W; int8: q * s; int4: (q - z) * s; nf4: NF4_CODEBOOK[q] * absmax; fp8: q * scale with
     x itself fp8 (kernels/fp8_activations.py) times its scales.
 Math: fp32 accumulation, one rounding of y to its dtype. The dequantized chunk is rounded to x's dtype
-before a 16-bit tl.dot (the reference dequantizes in fp32: the difference is one rounding of w); fp8
-chunks multiply as fp8 on the tensor cores, their scales applied to each 128-wide chunk's fp32 product.
+before a 16-bit tl.dot (the reference dequantizes in fp32: the difference is one rounding of w), except
+per-channel int8, whose codes enter the dot exactly and whose scales multiply the sum; fp8 chunks multiply
+as fp8 on the tensor cores, block scales applied to each 128-wide chunk's fp32 product.
 
-Kernel: a program owns a Bm x Bn tile of y and walks K in Bk chunks: it loads the chunk's codes
-[Bn, Bk] (4-bit formats: [Bn, Bk / 2] bytes, split into low and high nibbles and interleaved back), the
-chunk's scales [Bn, Bk / G] (or one column where G >= Bk), and dequantizes; then either
+Kernel: a program owns a Bm x Bn tile of y and walks K in Bk chunks: it loads the chunk's codes [Bn, Bk]
+(4-bit formats: [Bn, Bk / 2] bytes), the chunk's scales [Bn, Bk / G] (one column where G >= Bk), and
+dequantizes; then either
 - Bm = 1 (one token): multiplies by x's chunk in fp32 and sums once after the loop, as kernels/gemv.py
-  does (no tensor-core padding of one row to sixteen), or
-- Bm >= 16: one tl.dot of x's chunk [Bm, Bk] with the chunk's transpose.
+  does (no tensor-core padding of one row to sixteen); the next chunk's codes are in flight meanwhile, or
+- Bm >= 16: tl.dot of x's chunk [Bm, Bk] with the chunk's transpose.
 The same kernel is the weight-streaming GEMM for 1..64 tokens (Bm covers every token, so each weight
 byte is read once, and Bn is small so the grid spreads over the SMs) and the tensor-core GEMM for larger
 steps (128 x 128 tiles, programs grouped GROUP_M row blocks a column so weight tiles are reused from L2).
-Scales that vary along K are applied per chunk; fp8's per-channel and per-tensor weight scales and
-per-token or static activation scales once, to the accumulator.
+4-bit bytes: at 1..64 tokens the low nibbles multiply x's even columns and the high nibbles its odd ones
+(SPLIT_NIBBLES: no interleave, which costs a pass of the dequantized chunk through shared memory); the
+tensor-core tiles interleave them back, so that x's columns stay contiguous for the pipelined loads.
+Scales that vary along K are applied per chunk; per-channel and per-tensor weight scales and per-token or
+static activation scales once, to the accumulator.
 """
 
 from __future__ import annotations
