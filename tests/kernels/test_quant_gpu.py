@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.fp8_activations import quantize_fp8_activations, quantize_fp8_activations_ref
 from kernels.quant_formats import random_quantized_weight
 from kernels.quant_matmul import (
     dense_matmul,
@@ -90,3 +91,15 @@ def test_graph_replay_reads_new_activations():
     x.copy_(torch.randn(8, 4096, device="cuda").bfloat16())
     graph.replay()
     assert relative_error(y, int4_matmul_ref(x, **weight)) < 1e-2
+
+
+@pytest.mark.parametrize("group", [128, None], ids=["groups", "per-token"])
+def test_fp8_activation_codes_equal_the_reference_bit_for_bit(group):
+    """The GPU's rounding division and fp8 cast against torch's, on bf16 activations of a real width."""
+    if not supports_fp8(torch.device("cuda")):
+        pytest.skip("fp8 needs compute capability 8.9")
+    x = (torch.randn(64, 4096, device="cuda") * torch.logspace(-3, 2, 4096, device="cuda")).bfloat16()
+    xq, scales = quantize_fp8_activations(x, group)
+    ref_q, ref_scales = quantize_fp8_activations_ref(x, group)
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(xq.view(torch.uint8), ref_q.view(torch.uint8))

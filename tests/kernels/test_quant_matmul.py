@@ -113,6 +113,16 @@ def test_fp8_one_token_chunks_of_several_scale_blocks(fmt, device):
     _check(fp8_matmul(x, **weight, tiles={"BLOCK_K": 256, "BLOCK_N": 4}), fp8_matmul_ref(x, **weight), 520)
 
 
+@pytest.mark.parametrize("fmt", ["int4", "fp8_block"])
+def test_activation_rows_with_a_stride(fmt, device):
+    """x as a view whose rows are further apart than K (a slice of a wider tensor)."""
+    matmul, reference = MATMULS[fmt]
+    weight = random_quantized_weight(fmt, 20, 256, 64 if fmt == "int4" else None, device)
+    x = torch.randn(5, 300, device=device)[:, :256]
+    for rows in (x[:1], x):
+        _check(matmul(rows, **weight), reference(rows.contiguous(), **weight), 256)
+
+
 @pytest.mark.parametrize("num_tokens", [1, 7, 90])
 def test_dense_streaming_matches_the_reference(num_tokens, device):
     w = torch.randn(45, 200, device=device) / 14
