@@ -30,13 +30,13 @@ fi
 
 tests_rc=0 bench_rc=0
 if wants tests; then
-    timeout "${TESTS_TIMEOUT_S:-100}" "$PYTHON" -m pytest tests/kernels/test_quant_gpu.py tests/kernels/test_quant_matmul.py \
+    timeout "${TESTS_TIMEOUT_S:-80}" "$PYTHON" -m pytest tests/kernels/test_quant_gpu.py tests/kernels/test_quant_matmul.py \
         -q -p no:cacheprovider -p no:benchmark --durations=10 "${xdist_args[@]}" 2>&1 | tee "$OUT/tests.log"
     tests_rc=${PIPESTATUS[0]}
 fi
 
 if wants bench; then
-    timeout "${BENCH_TIMEOUT_S:-200}" "$PYTHON" -m bench.quant_gemm --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+    timeout "${BENCH_TIMEOUT_S:-215}" "$PYTHON" -m bench.quant_gemm --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
     bench_rc=${PIPESTATUS[0]}
 fi
 
