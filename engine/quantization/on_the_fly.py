@@ -1,7 +1,9 @@
 """Quantizing a dense weight [N, K] into the in-memory layouts (kernels/quant_formats.py), on its device.
 
     int8: symmetric, s = amax(|w| of the group) / 127, q = round(w / s) in [-127, 127]
-    int4: symmetric, s = amax / 7, codes round(w / s) + 8 in [1, 15] (the layout's implied zero point 8)
+    int4: symmetric, s = amax / 7.5, codes round(w / s) + 8 clamped to [0, 15] (the layout's implied zero
+          point 8): the one-sided code -8 is used and +amax clips by half a step (measured on SmolLM2-135M:
+          perplexity +21% against +30% with s = amax / 7 and codes [1, 15])
     nf4:  absmax per block of 64, each w / absmax to the nearest NF4_CODEBOOK value
     fp8:  s = amax / 448 per row (or per 128x128 block), q = w / s cast to float8_e4m3fn (round to nearest)
 Math: fp32. amax is floored at SCALE_FLOOR so an all-zero group gets codes of 0, not a division by zero.
@@ -29,8 +31,8 @@ def quantize_int8(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
 
 
 def quantize_int4(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
-    scales = _grouped_amax(w, group) / 7.0
-    codes = torch.round(w / scales.repeat_interleave(group, dim=1)).clamp_(-7, 7) + 8
+    scales = _grouped_amax(w, group) / 7.5
+    codes = torch.round(w / scales.repeat_interleave(group, dim=1)).clamp_(-8, 7) + 8
     return {"qweight": pack_int4(codes), "scales": scales}
 
 
