@@ -226,7 +226,9 @@ def _quant_gemm_kernel(
             if BLOCK_M == 1:
                 acc_k += w * xk.to(tl.float32)
             elif DOT_FP8:  # one 128-wide chunk: its scales multiply the chunk's product
-                part = tl.dot(xk, tl.trans(w))
+                # NOTE: sm_90 accumulates fp8 products in reduced precision unless told to promote: at most one
+                # chunk's products accumulate so, also where `acc += part` becomes the dot's own accumulator
+                part = tl.dot(xk, tl.trans(w), max_num_imprecise_acc=BLOCK_K)
                 if X_SCALE == 1:
                     part = part * tl.load(xs_ptr + m * stride_xs + k0 // BLOCK_K, mask=m_mask, other=0.0)[:, None]
                 if W_SCALE == 1:

@@ -52,10 +52,15 @@ CASES = [
 TOKENS = [1, 3, 16, STREAMING_MAX_TOKENS + 3]
 
 
-def _check(got: torch.Tensor, expected: torch.Tensor, num_in: int) -> None:
+def _check(got: torch.Tensor, expected: torch.Tensor, num_in: int, fp8_dot: bool = False) -> None:
+    """fp32 summation order; fp8_dot: a GPU's fp8 tensor cores, which accumulate a chunk's products in
+    reduced precision (sm_90)."""
     assert got.shape == expected.shape and got.dtype == expected.dtype
     scale = max(float(expected.abs().max()), 1.0)
-    torch.testing.assert_close(got, expected, atol=2e-6 * num_in**0.5 * scale, rtol=1e-5)
+    if fp8_dot and got.is_cuda:
+        torch.testing.assert_close(got, expected, atol=1e-3 * scale, rtol=1e-3)
+    else:
+        torch.testing.assert_close(got, expected, atol=2e-6 * num_in**0.5 * scale, rtol=1e-5)
 
 
 @pytest.mark.parametrize("num_tokens", TOKENS)
@@ -64,7 +69,7 @@ def test_every_format_matches_its_reference(fmt, num_out, num_in, group, zeros, 
     matmul, reference = MATMULS[fmt]
     weight = random_quantized_weight(fmt, num_out, num_in, group, device, zeros=zeros)
     x = torch.randn(num_tokens, num_in, generator=torch.Generator().manual_seed(num_tokens)).to(device)
-    _check(matmul(x, **weight), reference(x, **weight), num_in)
+    _check(matmul(x, **weight), reference(x, **weight), num_in, fmt.startswith("fp8"))
 
 
 @pytest.mark.parametrize("num_tokens", [1, 5, STREAMING_MAX_TOKENS + 1])
@@ -73,7 +78,7 @@ def test_fp8_with_a_static_activation_scale(num_tokens, device):
     x = torch.randn(num_tokens, 160, device=device)
     input_scale = torch.tensor([float(x.abs().max()) / 300], device=device)  # a few values clamp at 448
     expected = fp8_matmul_ref(x, **weight, input_scale=input_scale)
-    _check(fp8_matmul(x, **weight, input_scale=input_scale), expected, 160)
+    _check(fp8_matmul(x, **weight, input_scale=input_scale), expected, 160, fp8_dot=True)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +125,7 @@ def test_activation_rows_with_a_stride(fmt, device):
     weight = random_quantized_weight(fmt, 20, 256, 64 if fmt == "int4" else None, device)
     x = torch.randn(5, 300, device=device)[:, :256]
     for rows in (x[:1], x):
-        _check(matmul(rows, **weight), reference(rows.contiguous(), **weight), 256)
+        _check(matmul(rows, **weight), reference(rows.contiguous(), **weight), 256, fmt.startswith("fp8"))
 
 
 @pytest.mark.parametrize("num_tokens", [1, 7, 90])
