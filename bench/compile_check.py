@@ -239,6 +239,8 @@ def _quant_variants(pdl: dict, on: dict) -> list[Variant]:
                 {"num_warps": 1, **on}, "groups of 128", ("K", "stride_x"), quantize),
         Variant("fp8_activations", "_quantize_fp8_kernel", dict(GROUP=4096, BLOCK=4096, STATIC=False, **pdl),
                 {"num_warps": 8, **on}, "per token, K = 4096", ("K", "stride_x"), quantize),
+        Variant("fp8_activations", "_quantize_fp8_kernel", dict(GROUP=14336, BLOCK=16384, STATIC=False, **pdl),
+                {"num_warps": 16, **on}, "per token, K = 14336", ("K", "stride_x"), quantize),
     ]  # fmt: skip
 
 

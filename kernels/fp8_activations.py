@@ -107,7 +107,9 @@ def quantize_fp8_activations(
         scales = torch.empty(num_tokens, num_groups, device=x.device, dtype=torch.float32)
     if num_tokens == 0:
         return xq, scales
-    # NOTE: a static scale quantizes in chunks of at most 4096 elements a program (no reduction across them)
+    # NOTE: a static scale quantizes in chunks of at most 4096 elements a program (no reduction across them);
+    # a dynamic per-token scale reduces a whole row in one program (16 warps past 8192 columns; rows past
+    # 16384 columns spill registers at sm_90)
     block = triton.next_power_of_2(group)
     if input_scale is not None:
         block = min(block, 4096)
@@ -117,7 +119,7 @@ def quantize_fp8_activations(
     _quantize_fp8_kernel[(num_tokens, num_groups_grid)](
         x, xq, scales, num_in, x.stride(0), num_groups,
         GROUP=group, BLOCK=block, STATIC=input_scale is not None,
-        num_warps=max(1, min(8, block // 256)), **pdl_options(x.device),
+        num_warps=16 if block > 8192 else max(1, min(8, block // 256)), **pdl_options(x.device),
     )  # fmt: skip
     return xq, scales
 
