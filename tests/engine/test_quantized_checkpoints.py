@@ -76,3 +76,13 @@ def test_repacked_weights_equal_the_checkpoints_dequantized_weights(smollm2_dir:
         got = dequantize_int4(quant.qweight, quant.scales, quant.zeros, quant.group_size)
         want = torch.cat([state[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_triton_quantized_gemm_serves_the_same_tokens_on_the_interpreter(smollm2_dir: Path, tmp_path: Path):
+    """engine.ops' dispatch: kernels="triton" runs kernels/quant_matmul.py's GEMM (Triton's CPU interpreter
+    here) and serves the tokens of the torch references."""
+    build_quantized_checkpoint("awq", tmp_path / "awq", smollm2_dir)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    want = run_staggered(make_engine(tmp_path / "awq", num_kv_tokens=256), PROMPTS[:1], params)
+    got = run_staggered(make_engine(tmp_path / "awq", num_kv_tokens=256, kernels="triton"), PROMPTS[:1], params)
+    assert got == want
