@@ -80,6 +80,11 @@ def load_model(
         if quantization is not None and quantization.checkpoint is not None:
             weights = regroup_quantized(weights, quantization.checkpoint)
         model.load_weights(weights)
+    if quantization is not None and device.type == "cuda":
+        # quantizing at load made one layer's fp32 temporaries at a time: no part of what serving needs, and the KV
+        # pool is sized from torch's reserved peak (engine/kv_cache.py), so that peak starts again here
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     model.eval()
     return LoadedModel(model=model, hf_config=hf_config, model_dir=model_dir, max_model_len=max_model_len)
 
