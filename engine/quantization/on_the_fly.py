@@ -61,7 +61,7 @@ def quantize_fp8(w: torch.Tensor, block: bool) -> dict[str, torch.Tensor]:
 
 def quantize_dense(name: str, w: torch.Tensor, fmt: str, group: int | None, fp8_block: bool = False) -> PackedTensors:
     """A dense [N, K] weight (any float dtype, any device) -> its PackedTensors, computed on w's device."""
-    w = w.float()
+    w = w.float().contiguous()
     if fmt == "int8":
         return PackedTensors(name, fmt, quantize_int8(w, group), group)
     if fmt == "int4":
