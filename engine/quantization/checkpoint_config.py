@@ -153,8 +153,9 @@ def _ct_common(weights: dict, field: str, kind: str, bits: tuple[int, ...]) -> N
         raise _fail(f"{field}.weights.type", weights.get("type"), kind)
     if weights.get("num_bits") not in bits:
         raise _fail(f"{field}.weights.num_bits", weights.get("num_bits"), " or ".join(map(str, bits)))
-    if weights.get("actorder"):
-        raise _fail(f"{field}.weights.actorder", weights.get("actorder"), "null: act-order is not supported")
+    # "weight" act-order reorders columns only while quantizing: the stored groups stay in order (no g_idx)
+    if weights.get("actorder") not in (None, False, "weight"):
+        raise _fail(f"{field}.weights.actorder", weights.get("actorder"), "null or weight: group act-order (g_idx)")
     if weights.get("dynamic"):
         raise _fail(f"{field}.weights.dynamic", weights.get("dynamic"), "false")
 

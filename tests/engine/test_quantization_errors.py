@@ -124,3 +124,47 @@ def test_quantization_setting_errors(gptq_dir, smollm2_dir, tmp_path):
     moe_dir = build_tiny_checkpoint("qwen2_moe", tmp_path / "moe", smollm2_dir)
     with pytest.raises(ValueError, match=re.escape("quantization 'int8': quantized MoE experts are not supported")):
         load(moe_dir, "int8")
+
+
+def _config(raw: dict):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(quantization_config=raw)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "edit", "message"),
+    [
+        ("fp8_block", {"weight_block_size": [64, 64]}, "quantization_config.weight_block_size: [64, 64] is not"),
+        ("awq", {"version": "gemv"}, "quantization_config.version: 'gemv' is not supported (gemm)"),
+        ("awq", {"zero_point": False}, "quantization_config.zero_point: False is not supported (true)"),
+        ("ct_int4_sym", {"ignore": ["lm_head", "model.layers.0.mlp.down_proj"]}, "quantization_config.ignore:"),
+        ("ct_int4_sym", {"weights.actorder": "group"}, "config_groups.group_0.weights.actorder: 'group' is not"),
+        ("ct_int4_sym", {"weights.num_bits": 2}, "config_groups.group_0.weights.num_bits: 2 is not supported (4 or 8)"),
+        ("ct_fp8_channel", {"input_activations": None}, "config_groups.group_0.input_activations: None is not"),
+    ],
+)
+def test_other_unsupported_variants_name_the_field(fmt, edit, message):
+    from engine.quantization.checkpoint_config import parse_quantization_config
+    from tests.engine.quant_checkpoints import quantization_config
+
+    raw = quantization_config(fmt)
+    for key, value in edit.items():
+        if key.startswith("weights.") or key == "input_activations":
+            group = raw["config_groups"]["group_0"]
+            target, field = (group["weights"], key.split(".", 1)[1]) if "." in key else (group, key)
+            target[field] = value
+        else:
+            raw[key] = value
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_quantization_config(_config(raw))
+
+
+def test_weight_act_order_keeps_groups_in_order_and_loads():
+    from engine.quantization.checkpoint_config import parse_quantization_config
+    from tests.engine.quant_checkpoints import quantization_config
+
+    raw = quantization_config("ct_int4_asym")
+    raw["config_groups"]["group_0"]["weights"]["actorder"] = "weight"
+    parsed = parse_quantization_config(_config(raw))
+    assert (parsed.scheme.fmt, parsed.scheme.group_size, parsed.scheme.zeros) == ("int4", 32, True)
