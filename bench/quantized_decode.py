@@ -42,17 +42,22 @@ def _parse_args(argv=None) -> argparse.Namespace:
 ARGS: argparse.Namespace | None = None
 
 
-def _decode(name: str, device, dry_run: bool) -> dict:
+def _decode(name: str, device, ceilings: dict, dry_run: bool) -> dict:
     from bench.engine_common import free_device_memory, model_dir, vocab_size_of
-    from bench.roofline import ModelCosts
+    from bench.roofline import ModelCosts, decode_token_floor
 
     directory = model_dir(name, tiny=dry_run)
     rng = random.Random(0)
     prompt = [rng.randrange(0, vocab_size_of(directory)) for _ in range(decode_latency.PROMPT_LEN)]
     engine = decode_latency._engine(directory, device, dry_run)
     costs = ModelCosts.from_model(engine.model, engine.hf_config)
-    row = decode_latency._measure_engine(engine, prompt, 24 if dry_run else decode_latency.NEW_TOKENS, graphs=True)
+    new_tokens = 24 if dry_run else decode_latency.NEW_TOKENS
+    row = decode_latency._measure_engine(engine, prompt, new_tokens, graphs=True)
     row["weight_gb"] = costs.all_param_bytes / 1e9
+    # the quantized codes and scales are what a step streams (bench/roofline.py counts the layers' buffers)
+    mean_context = decode_latency.PROMPT_LEN + (new_tokens - 1) / 2
+    floor_s = decode_token_floor(costs, mean_context, ceilings["read_gbps"], ceilings["matmul_tflops"])
+    row["floor_ms_per_token"] = floor_s * 1e3
     del engine
     free_device_memory(device)
     return row
@@ -70,25 +75,14 @@ def _offline(name: str, device, ceilings: dict, dry_run: bool) -> dict:
     return {key: row[key] for key in keep} | {"num_seqs": num}
 
 
-def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: bool) -> dict:
-    rows = {}
-    for quantization in ARGS.quantizations.split(","):
-        setting = None if quantization == "none" else quantization
-        decode_latency.QUANTIZATION = offline_throughput.QUANTIZATION = setting
-        try:
-            row = {"decode": _decode(name, device, dry_run)}
-            if not ARGS.skip_offline:
-                row["offline"] = _offline(name, device, ceilings, dry_run)
-        except Exception as exc:  # keep the other formats' figures
-            import traceback
-
-            traceback.print_exc()
-            row = {"error": f"{type(exc).__name__}: {exc}"}
-        rows[quantization] = row
-        decode = row.get("decode", {}).get("ms_per_token")
-        offline = row.get("offline", {}).get("output_tok_s")
-        print(f"[quantized] {name} {quantization}: decode {decode} ms/token, offline {offline} tok/s", flush=True)
-    return {"formats": rows}
+def measure_model(entry: str, device, ceilings: dict, dry_run: bool, skip_hf: bool) -> dict:
+    """One "<model>/<quantization>" entry (main lists every pair, so the results are written after each)."""
+    name, quantization = entry.rsplit("/", 1)
+    decode_latency.QUANTIZATION = offline_throughput.QUANTIZATION = None if quantization == "none" else quantization
+    row = {"model": name, "quantization": quantization, "decode": _decode(name, device, ceilings, dry_run)}
+    if not ARGS.skip_offline:
+        row["offline"] = _offline(name, device, ceilings, dry_run)
+    return row
 
 
 def markdown(results: dict) -> str:
@@ -96,21 +90,23 @@ def markdown(results: dict) -> str:
     from bench.report import table
 
     rows = []
-    for name, r in results["models"].items():
-        for fmt, row in r.get("formats", {}).items():
-            if "error" in row:
-                rows.append({"model": name, "weights": fmt, "ms": None, "note": row["error"][:80]})
-                continue
-            base = r["formats"].get("none", {})
-            off, base_off = row.get("offline", {}), base.get("offline", {})
-            rows.append({
-                "model": name, "weights": "bf16" if fmt == "none" else fmt, "gb": row["decode"]["weight_gb"],
-                "ms": row["decode"]["ms_per_token"], "tok_s": off.get("output_tok_s"),
-                "x_bf16": off["output_tok_s"] / base_off["output_tok_s"] if off and base_off else None,
-                "kv": off.get("kv_pool_tokens"), "note": "",
-            })  # fmt: skip
+    for entry, row in results["models"].items():
+        name, fmt = entry.rsplit("/", 1)
+        if "error" in row:
+            rows.append({"model": name, "weights": fmt, "note": row["error"][:80]})
+            continue
+        base = results["models"].get(f"{name}/none", {})
+        off, base_off = row.get("offline", {}), base.get("offline", {})
+        rows.append({
+            "model": name, "weights": "bf16" if fmt == "none" else fmt, "gb": row["decode"]["weight_gb"],
+            "ms": row["decode"]["ms_per_token"], "floor": row["decode"]["floor_ms_per_token"],
+            "tok_s": off.get("output_tok_s"),
+            "x_bf16": off["output_tok_s"] / base_off["output_tok_s"] if off and base_off else None,
+            "kv": off.get("kv_pool_tokens"), "note": "",
+        })  # fmt: skip
     columns = [("model", "model", ""), ("weights", "weights", ""), ("gb", "weights GB", ".2f"),
-               ("ms", "decode ms/token (batch 1)", ".3f"), ("tok_s", "offline output tok/s", ".0f"),
+               ("ms", "decode ms/token (batch 1)", ".3f"), ("floor", "floor ms", ".3f"),
+               ("tok_s", "offline output tok/s", ".0f"),
                ("x_bf16", "x bf16", ".2f"), ("kv", "KV pool tokens", ""), ("note", "", "")]  # fmt: skip
     return "\n".join(
         header(results, "inferq quantized weights: batch-1 decode and offline throughput")
@@ -119,7 +115,8 @@ def markdown(results: dict) -> str:
             "Random weights quantized on the fly at load (int8 and fp8 per channel, int4 symmetric in groups of "
             "128; bf16 LM head and embeddings). Decode: bench/decode_latency.py's CUDA-graph mode. Offline: "
             f"bench/offline_throughput.py's engine on {OFFLINE_SEQS} sequences; KV pool: the tokens the pool "
-            "holds at gpu_memory_utilization 0.9 after the weights.",
+            "holds at gpu_memory_utilization 0.9 after the weights. Floor: the codes, scales and bf16 tensors a token "
+            "streams plus its K/V reads over the measured read bandwidth (bench/roofline.py).",
             "",
             table(rows, columns),
         ]
@@ -131,6 +128,8 @@ def main(argv=None) -> dict:
     from bench.engine_common import run_model_benchmark
 
     ARGS = _parse_args(argv)
+    pairs = [f"{m}/{q}" for m in ARGS.models.split(",") if m for q in ARGS.quantizations.split(",") if q]
+    ARGS.models = ",".join(pairs)  # each pair measured and written on its own: a later failure keeps the earlier
     return run_model_benchmark("quantized", STEM, ARGS, measure_model, markdown)
 
 
