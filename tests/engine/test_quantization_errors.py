@@ -168,3 +168,20 @@ def test_weight_act_order_keeps_groups_in_order_and_loads():
     raw["config_groups"]["group_0"]["weights"]["actorder"] = "weight"
     parsed = parse_quantization_config(_config(raw))
     assert (parsed.scheme.fmt, parsed.scheme.group_size, parsed.scheme.zeros) == ("int4", 32, True)
+
+
+def test_fp8_on_a_gpu_without_fp8_is_refused_naming_the_setting(monkeypatch):
+    """Compute capability 8.0 (A100) has no e4m3 conversions: refused at load, int8 suggested (no silent
+    weight-only fallback). The capability query is the only GPU call, answered here as an A100's."""
+    from engine.quantization.selection import select_quantization
+    from tests.engine.quant_checkpoints import quantization_config
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=re.escape("quantization 'fp8': fp8 needs a GPU of compute capability 8.9")):
+        select_quantization(_config(None), "fp8", cuda)
+    with pytest.raises(ValueError, match=re.escape("quantization_config (fp8): fp8 needs a GPU of compute")):
+        select_quantization(_config(quantization_config("fp8_block")), None, cuda)
+    assert select_quantization(_config(None), "int8", cuda).scheme.fmt == "int8"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert select_quantization(_config(None), "fp8", cuda).scheme.fmt == "fp8"
