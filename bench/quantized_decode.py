@@ -30,7 +30,9 @@ STEM = "quantized_decode"
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--quantizations", default=",".join(QUANTIZATIONS), help="'none' is the bf16 baseline")
+    parser.add_argument("--quantizations", default=",".join(QUANTIZATIONS),
+                        help="'none' is the bf16 baseline; 'bf16-streaming' bf16 with the dense streaming GEMM at "
+                        "2..64 tokens")  # fmt: skip
     parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, few tokens")
     parser.add_argument("--skip-offline", action="store_true", help="batch-1 decode only")
@@ -77,8 +79,13 @@ def _offline(name: str, device, ceilings: dict, dry_run: bool) -> dict:
 
 def measure_model(entry: str, device, ceilings: dict, dry_run: bool, skip_hf: bool) -> dict:
     """One "<model>/<quantization>" entry (main lists every pair, so the results are written after each)."""
+    from engine import ops
+
     name, quantization = entry.rsplit("/", 1)
-    decode_latency.QUANTIZATION = offline_throughput.QUANTIZATION = None if quantization == "none" else quantization
+    dense = quantization in ("none", "bf16-streaming")
+    decode_latency.QUANTIZATION = offline_throughput.QUANTIZATION = None if dense else quantization
+    # "bf16-streaming": bf16 with 2..64-token projections through the dense streaming GEMM (engine.ops' A/B)
+    ops.DENSE_STREAMING_MAX_TOKENS = 64 if quantization == "bf16-streaming" else 0
     row = {"model": name, "quantization": quantization, "decode": _decode(name, device, ceilings, dry_run)}
     if not ARGS.skip_offline:
         row["offline"] = _offline(name, device, ceilings, dry_run)

@@ -9,7 +9,8 @@
 # Carry what bench/run_gpu_engine.sh needs (artifacts/smollm2-tokenizer, .whl: `bash bench/gpu_carry.sh`).
 # Writes into $OUT (default bench/results/tmp): run.log, quantized_decode.{json,md} (commit them under
 # bench/results/<gpu>/). Phase limits: tests 90 s, benchmark 360 s (under 8 minutes in all).
-#   MODELS, QUANTIZATIONS (default "none,fp8,int8,int4"; none is bf16) narrow the benchmark.
+#   MODELS, QUANTIZATIONS (default "none,fp8,int8,int4"; none is bf16; add bf16-streaming for bf16 with the dense
+#   streaming GEMM at 2..64 tokens, engine.ops.DENSE_STREAMING_MAX_TOKENS) choose what is measured.
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"

@@ -117,6 +117,10 @@ SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden siz
 # The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py,
 # decision 0017); bench/decode_latency.py --fused-qkv-rope on|off for an A/B.
 QKV_ROPE_FUSION = True
+# bf16/fp16 projections of 2..DENSE_STREAMING_MAX_TOKENS tokens through kernels/quant_matmul.py's dense streaming
+# GEMM (each weight byte read once for every token) instead of cuBLAS; 0: off until an engine A/B on a GPU shows
+# where it wins (bench/quantized_decode.py's "bf16-streaming" entry measures it).
+DENSE_STREAMING_MAX_TOKENS = 0
 
 
 def gemv_min_features(device: torch.device) -> int:
@@ -153,6 +157,11 @@ def linear(
         from kernels.gemv import gemv
 
         return gemv(x, weight, bias, out_dtype=out_dtype)
+    if 2 <= x.shape[0] <= DENSE_STREAMING_MAX_TOKENS and out_dtype is None and x.dim() == 2 and use_triton(x):
+        from kernels.quant_matmul import dense_matmul
+
+        y = dense_matmul(x, weight)
+        return y if bias is None else y + bias
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
 

@@ -86,3 +86,24 @@ def test_the_triton_quantized_gemm_serves_the_same_tokens_on_the_interpreter(smo
     want = run_staggered(make_engine(tmp_path / "awq", num_kv_tokens=256), PROMPTS[:1], params)
     got = run_staggered(make_engine(tmp_path / "awq", num_kv_tokens=256, kernels="triton"), PROMPTS[:1], params)
     assert got == want
+
+
+def test_dense_projections_take_the_streaming_gemm_when_switched_on(monkeypatch):
+    """engine.ops.DENSE_STREAMING_MAX_TOKENS routes 2..N-token dense projections to the streaming GEMM (the
+    Triton interpreter here); one token and longer steps keep their paths."""
+    from engine import ops
+    from kernels.quant_matmul import dense_matmul_ref
+
+    calls = []
+    import kernels.quant_matmul as quant_matmul
+
+    real = quant_matmul.dense_matmul
+    monkeypatch.setattr(quant_matmul, "dense_matmul", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(ops, "DENSE_STREAMING_MAX_TOKENS", 8)
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(32, 64, generator=generator), torch.randn(32, generator=generator)
+    with ops.kernel_backend("triton"):
+        for tokens in (1, 4, 9):
+            x = torch.randn(tokens, 64, generator=generator)
+            torch.testing.assert_close(ops.linear(x, weight, bias), dense_matmul_ref(x, weight) + bias)
+    assert calls == [4]
