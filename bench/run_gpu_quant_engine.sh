@@ -14,7 +14,7 @@
 set -uo pipefail
 
 OUT="${OUT:-bench/results/tmp}"
-MODELS="${MODELS:-Llama-3.2-1B,Llama-3.1-8B}"
+MODELS="${MODELS:-Llama-3.1-8B,Llama-3.2-1B}"
 QUANTIZATIONS="${QUANTIZATIONS:-none,fp8,int8,int4}"
 mkdir -p "$OUT"
 LOG="$OUT/run.log"
