@@ -161,9 +161,12 @@ def quantization_config(fmt: str) -> dict:
             "ignore": ["lm_head"], "quantization_status": "compressed"}  # fmt: skip
 
 
-def build_quantized_checkpoint(fmt: str, out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Writes the `fmt` checkpoint (config.json, model.safetensors, tokenizer) to out_dir; returns the
-    dequantized state dict (fp32, transformers' names) a reference model loads."""
+def build_quantized_checkpoint(
+    fmt: str, out_dir: Path, tokenizer_dir: Path, seed: int = 0, shards: int = 1
+) -> dict[str, torch.Tensor]:
+    """Writes the `fmt` checkpoint (config.json, safetensors, tokenizer) to out_dir; returns the dequantized
+    state dict (fp32, transformers' names) a reference model loads. shards > 1: the tensors dealt round-robin
+    into that many files with an index, so every layer's parts straddle files (and arrive out of order)."""
     from transformers import AutoModelForCausalLM
 
     config = quant_tiny_config()
@@ -180,7 +183,15 @@ def build_quantized_checkpoint(fmt: str, out_dir: Path, tokenizer_dir: Path, see
         else:
             tensors[name] = w
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if shards == 1:
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        names = sorted(tensors, reverse=True)  # reversed: a layer's scales before its codes
+        files = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        for i, file in enumerate(files):
+            save_file({n: tensors[n] for n in names[i::shards]}, str(out_dir / file), metadata={"format": "pt"})
+        weight_map = {n: files[j % shards] for j, n in enumerate(names)}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config_dict = config.to_dict()
     config_dict["quantization_config"] = quantization_config(fmt)
     config_dict["architectures"] = ["LlamaForCausalLM"]

@@ -65,6 +65,20 @@ def test_quantized_checkpoint_greedy_tokens_match_the_reference(fmt: str, smollm
     assert [got[f"r{i}"] for i in range(len(PROMPTS))] == want
 
 
+@pytest.mark.parametrize("fmt", ["gptq_int4_sym", "ct_int4_asym", "fp8_block"])
+def test_a_sharded_checkpoint_with_parts_across_files_loads_the_same(fmt: str, smollm2_dir: Path, tmp_path: Path):
+    """Every layer's parts dealt over three safetensors files (scales before codes, g_idx after its layer)."""
+    state = build_quantized_checkpoint(fmt, tmp_path / fmt, smollm2_dir, shards=3)
+    reference = dequantized_reference(state)
+    if fmt in FP8:
+        fake_quantize_inputs(reference, fmt)
+    got = run_staggered(
+        make_engine(tmp_path / fmt, num_kv_tokens=256), PROMPTS[:1],
+        SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True),
+    )  # fmt: skip
+    assert got["r0"] == hf_greedy(reference, PROMPTS[0], NEW_TOKENS)
+
+
 def test_repacked_weights_equal_the_checkpoints_dequantized_weights(smollm2_dir: Path, tmp_path: Path):
     """The repacking itself, bit for bit: each layer's layout dequantizes to the checkpoint's weight (AWQ's
     interleaved nibbles, GPTQ's minus-one zero points)."""
