@@ -49,6 +49,8 @@ class QuantizedWeight(nn.Module):
 
     def _problem(self) -> str | None:
         if self.fmt in ("int8", "int4") and self.group_size is None:
+            if self.scheme.group_size is None:  # on the fly: none of the int4 groups fits
+                return f"no int4 group of 128, 64 or 32 divides its input width {self.num_in}"
             return f"group size {self.scheme.group_size} does not divide its input width {self.num_in}"
         if self.fmt == "nf4" and self.num_in % NF4_BLOCK:
             return f"nf4 needs an input width that is a multiple of {NF4_BLOCK}, got {self.num_in}"
