@@ -53,6 +53,8 @@ class Variant:
     # too: without it the one-token GEMV compiled to 2-byte loads and the KV store showed 16 spill
     # instructions that its launches do not have.
     multiples_of_16: tuple[str, ...] = ()
+    # Pointer types of this variant beside POINTER_TYPES (the quantized GEMM's codes and activations).
+    pointer_types: dict = field(default_factory=dict)
 
 
 def _variants() -> list[Variant]:
@@ -134,6 +136,7 @@ def _variants() -> list[Variant]:
         Variant("kv_store", "_store_kv_kernel", dict(BLOCK_T=8, BLOCK_H=8, BLOCK_D=128, **pdl), {"num_warps": 8, **on},
                 multiples_of_16=("num_tokens", "head_dim", "block_size")),
         *_moe_variants(pdl, on),
+        *_quant_variants(pdl, on),
     ]  # fmt: skip
 
 
@@ -164,7 +167,84 @@ def _moe_variants(pdl: dict, on: dict) -> list[Variant]:
     ]  # fmt: skip
 
 
-def _signature(fn, constexprs: dict) -> dict:
+def _quant_variants(pdl: dict, on: dict) -> list[Variant]:
+    """The quantized GEMM (kernels/quant_gemm.py) at the launcher's GPU tiles of one token, 16 and 64 tokens
+    (streaming) and 256 (tensor cores), per format; the FP8 activation quantization."""
+    import triton.language as tl
+
+    from kernels.quant_gemm import DENSE, FP8, INT4, INT8, NF4, PER_CHANNEL_GROUP, default_tiles
+
+    sizes = ("N", "K", "stride_x", "stride_w", "stride_y")
+    scales = {"xs_ptr": "*fp32", "ws_ptr": "*fp32", "wz_ptr": "*u8", "codebook_ptr": "*fp32"}
+    formats = {  # name: (FORMAT, constexprs, pointer types, fp8 scales per 128 columns)
+        "int4 g128 zeros": (
+            INT4,
+            dict(W_SCALE=1, W_GROUP=128, W_ROW_DIV=1, HAS_ZEROS=True, X_SCALE=0),
+            {"w_ptr": "*u8"},
+            False,
+        ),
+        "int8 per channel": (
+            INT8,
+            dict(W_SCALE=2, W_GROUP=PER_CHANNEL_GROUP, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0),
+            {"w_ptr": "*i8"},
+            False,
+        ),
+        "nf4": (NF4, dict(W_SCALE=1, W_GROUP=64, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0), {"w_ptr": "*u8"}, False),
+        "fp8 blocks": (
+            FP8,
+            dict(W_SCALE=1, W_GROUP=128, W_ROW_DIV=128, HAS_ZEROS=False, X_SCALE=1),
+            {"w_ptr": "*fp8e4nv", "x_ptr": "*fp8e4nv"},
+            True,
+        ),
+        "fp8 per channel": (
+            FP8,
+            dict(W_SCALE=2, W_GROUP=128, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=2),
+            {"w_ptr": "*fp8e4nv", "x_ptr": "*fp8e4nv"},
+            False,
+        ),
+        "bf16": (DENSE, dict(W_SCALE=0, W_GROUP=1, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0), {}, False),
+    }
+    variants = []
+    for name, (fmt, constexprs, pointers, chunked) in formats.items():
+        for tokens in (1, 16, 64, 256):
+            tile = default_tiles(fmt, tokens, chunked, on_gpu=True)
+            options = {"num_warps": tile.pop("num_warps"), "num_stages": tile.pop("num_stages"), **on}
+            group = constexprs["W_GROUP"]
+            per_chunk = max(1, tile["BLOCK_K"] // group) if constexprs["W_SCALE"] == 1 or chunked else 1
+            dot_fp8 = fmt == FP8 and tile["BLOCK_M"] >= 16
+            dot = tl.float32 if fmt == FP8 and not dot_fp8 else tl.bfloat16
+            variants.append(
+                Variant(
+                    "quant_gemm",
+                    "_quant_gemm_kernel",
+                    dict(
+                        FORMAT=fmt,
+                        **constexprs,
+                        SCALES_PER_CHUNK=per_chunk,
+                        DOT_FP8=dot_fp8,
+                        DOT_DTYPE=dot,
+                        DOT_PRECISION="tf32",
+                        **tile,
+                        **pdl,
+                    ),
+                    options,
+                    f"{name}, {tokens} tokens",
+                    sizes,
+                    {**scales, **pointers},
+                )
+            )
+    quantize = {"xq_ptr": "*fp8e4nv", "scales_ptr": "*fp32"}
+    return variants + [
+        Variant("fp8_activations", "_quantize_fp8_kernel", dict(GROUP=128, BLOCK=128, STATIC=False, **pdl),
+                {"num_warps": 1, **on}, "groups of 128", ("K", "stride_x"), quantize),
+        Variant("fp8_activations", "_quantize_fp8_kernel", dict(GROUP=4096, BLOCK=4096, STATIC=False, **pdl),
+                {"num_warps": 8, **on}, "per token, K = 4096", ("K", "stride_x"), quantize),
+        Variant("fp8_activations", "_quantize_fp8_kernel", dict(GROUP=14336, BLOCK=16384, STATIC=False, **pdl),
+                {"num_warps": 16, **on}, "per token, K = 14336", ("K", "stride_x"), quantize),
+    ]  # fmt: skip
+
+
+def _signature(fn, constexprs: dict, pointer_types: dict | None = None) -> dict:
     """Argument name -> Triton type: constexprs by name, pointers bf16 unless POINTER_TYPES says, scalars i32."""
     signature = {}
     for name in fn.arg_names:
@@ -173,7 +253,7 @@ def _signature(fn, constexprs: dict) -> dict:
         elif name.endswith("_desc"):  # prefill attention's K/V boxes (its only TMA descriptors)
             signature[name] = f"tensordesc<bf16[{constexprs['BLOCK_N']},{constexprs['HEAD_DIM']}]>"
         elif name.endswith("_ptr"):
-            signature[name] = POINTER_TYPES.get(name, "*bf16")
+            signature[name] = (pointer_types or {}).get(name) or POINTER_TYPES.get(name, "*bf16")
         else:
             signature[name] = "fp32" if name in FLOAT_SCALARS else "i32"
     return signature
@@ -211,7 +291,9 @@ def compile_variant(variant: Variant, sass_dir: Path | None = None) -> dict:
     if unknown:
         raise ValueError(f"{variant.kernel} has no arguments {sorted(unknown)}")
     try:
-        source = ASTSource(fn, _signature(fn, variant.constexprs), constexprs=variant.constexprs, attrs=aligned)
+        source = ASTSource(
+            fn, _signature(fn, variant.constexprs, variant.pointer_types), constexprs=variant.constexprs, attrs=aligned
+        )
         compiled = triton.compile(source, target=GPUTarget(*TARGET), options=variant.options)
     except Exception as exc:  # the report names the variant and the compiler's message
         return {**row, "ok": False, "error": _compile_error(exc)}

@@ -36,12 +36,17 @@ MODES = (("graphs_on", "inferq, CUDA graphs"), ("graphs_sampling", "inferq, CUDA
 STEM = "decode_latency"
 
 
+QUANTIZATION: str | None = None  # --quantization: the engine's linear layers quantized on the fly
+
+
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, few tokens")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the transformers peer")
+    parser.add_argument("--quantization", choices=("fp8", "int8", "int4", "nf4"), default=None,
+                        help="quantize the dummy weights on the fly (docs/quantization.md)")  # fmt: skip
     parser.add_argument("--gemv-min-features", type=int, default=None,
                         help="engine.ops.GEMV_MIN_FEATURES for this run: one-token projections of weights at least "
                              "this wide in both dims take kernels/gemv.py (an A/B of the dispatch)")  # fmt: skip
@@ -88,6 +93,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
         help="programmatic dependent launch of the kernels (kernels/_pdl.py); default: INFERQ_PDL, on",
     )
     args = parser.parse_args(argv)
+    global QUANTIZATION
+    QUANTIZATION = args.quantization
     _set_norm_gemv_tiles(args.tiles)
     _set_qkv_rope_tiles(args.qkv_rope_tiles)
     if args.gemv_wide_tiles:
@@ -151,7 +158,9 @@ def _engine(directory: Path, device, dry_run: bool):
     dtype = "float32" if dry_run else "bfloat16"
     return LLMEngine(
         EngineConfig(
-            model=ModelConfig(model=str(directory), dtype=dtype, load_format="dummy", max_model_len=1024),
+            model=ModelConfig(
+                model=str(directory), dtype=dtype, load_format="dummy", max_model_len=1024, quantization=QUANTIZATION
+            ),
             # NOTE: no prefix caching: every measured request prefills its whole prompt, as a fresh one would.
             cache=CacheConfig(num_kv_tokens=8192, enable_prefix_caching=False),
             scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=1024),
@@ -268,7 +277,7 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
     directory = model_dir(name, tiny=dry_run)
     rng = random.Random(0)
     prompt = [rng.randrange(0, vocab_size_of(directory)) for _ in range(PROMPT_LEN)]
-    row: dict = {"model": name, "prompt_len": PROMPT_LEN, "new_tokens": new_tokens}
+    row: dict = {"model": name, "prompt_len": PROMPT_LEN, "new_tokens": new_tokens, "quantization": QUANTIZATION}
     if not skip_hf:
         row.update(_measure_hf(directory, device, dtype, prompt))
     engine_probe = _engine(directory, device, dry_run)

@@ -34,6 +34,7 @@ MAX_NUM_BATCHED_TOKENS = 8192
 MAX_MODEL_LEN = 2048  # the longest prompt plus the longest output, 1024 + 1024
 HF_BATCH, HF_NEW_TOKENS = 64, 128
 STEM = "offline_throughput"
+QUANTIZATION: str | None = None  # --quantization: the engine's linear layers quantized on the fly
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -42,7 +43,12 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short sequences")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the transformers peer")
-    return parser.parse_args(argv)
+    parser.add_argument("--quantization", choices=("fp8", "int8", "int4", "nf4"), default=None,
+                        help="quantize the dummy weights on the fly (docs/quantization.md)")  # fmt: skip
+    args = parser.parse_args(argv)
+    global QUANTIZATION
+    QUANTIZATION = args.quantization
+    return args
 
 
 def workload(
@@ -77,6 +83,7 @@ def build_engine(directory: Path, device, dry_run: bool):
                 dtype="float32" if dry_run else "bfloat16",
                 load_format="dummy",
                 max_model_len=MAX_MODEL_LEN,
+                quantization=QUANTIZATION,
             ),
             cache=CacheConfig(num_kv_tokens=8192 if dry_run else None, gpu_memory_utilization=0.9),
             scheduler=SchedulerConfig(max_num_seqs=NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
@@ -197,7 +204,8 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
     directory = model_dir(name, tiny=dry_run)
     num, lo, hi = (8, 10, 40) if dry_run else (NUM_SEQS, MIN_LEN, MAX_LEN)
     prompts, prompt_lens, output_lens = workload(vocab_size_of(directory), num, lo, hi, seed=0)
-    row: dict = {"model": name, "num_seqs": num, "prompt_tokens": sum(prompt_lens), "output_tokens": sum(output_lens)}
+    row: dict = {"model": name, "num_seqs": num, "prompt_tokens": sum(prompt_lens), "output_tokens": sum(output_lens),
+                 "quantization": QUANTIZATION}  # fmt: skip
     if not skip_hf:
         dtype = torch.float32 if dry_run else torch.bfloat16
         row.update(_measure_hf(directory, device, dtype, prompts, output_lens, dry_run))

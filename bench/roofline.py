@@ -79,12 +79,17 @@ class ModelCosts:
                                                                                  ".experts.down_proj")))  # fmt: skip
         spec = getattr(model, "moe", None)
         from engine.models.layers.attention import PagedAttention
+        from engine.quantization.quantized_weight import QuantizedWeight
 
         windows = [m.sliding_window for m in model.modules() if isinstance(m, PagedAttention) and m.sliding_window]
+        # quantized linear layers hold buffers, not parameters: their codes and scales are what a step streams
+        quantized = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
+        quantized_bytes = sum(b.numel() * b.element_size() for m in quantized for b in m.buffers())
+        quantized_params = sum(m.num_in * m.num_out for m in quantized)
         return cls(
-            weight_bytes=(total - (0 if tied else embed)) * itemsize,
-            all_param_bytes=total * itemsize,
-            projection_params=total - embed - (0 if tied else vocab * hidden),
+            weight_bytes=(total - (0 if tied else embed)) * itemsize + quantized_bytes,
+            all_param_bytes=total * itemsize + quantized_bytes,
+            projection_params=total - embed - (0 if tied else vocab * hidden) + quantized_params,
             lm_head_params=vocab * hidden,
             kv_bytes_per_token=2 * layers * heads * head_dim * itemsize,
             attention_flops_per_key=4 * layers * q_heads * head_dim,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 GENERATION_DEFAULTS_MODES = ("model", "none")
+QUANTIZATIONS = ("fp8", "int8", "int4", "nf4")  # engine/quantization/scheme.py's on-the-fly schemes
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class ModelConfig:
         revision: Hub revision when `model` is a Hub id.
         generation_defaults: "model" starts every request's sampling from the checkpoint's
             generation_config.json (engine/generation_defaults.py); "none" from SamplingParams' defaults.
+        quantization: quantize a dense checkpoint's linear layers at load (docs/quantization.md): "int8"
+            and "fp8" per output channel, "int4" symmetric in groups of 128, "nf4" in blocks of 64; None
+            keeps the checkpoint's weights (a checkpoint with a quantization_config loads quantized as it is).
     """
 
     model: str = "default"
@@ -37,8 +41,11 @@ class ModelConfig:
     seed: int = 0
     revision: str | None = None
     generation_defaults: str = "model"
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.load_format not in LOAD_FORMATS:

@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--load-format", default="auto")
+    p.add_argument("--quantization", default=None, choices=("fp8", "int8", "int4", "nf4"),
+                   help="quantize the linear layers at load (docs/quantization.md)")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-kv-tokens", type=int, default=None)
     return p.parse_args(argv)
@@ -36,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = EngineConfig(
         model=ModelConfig(
-            model=args.model, dtype=args.dtype, load_format=args.load_format, max_model_len=args.max_model_len
+            model=args.model,
+            dtype=args.dtype,
+            load_format=args.load_format,
+            max_model_len=args.max_model_len,
+            quantization=args.quantization,
         ),
         cache=CacheConfig(num_kv_tokens=args.num_kv_tokens),
         device=args.device,

@@ -101,7 +101,10 @@ def _config_from_kwargs(model: str, kw: dict) -> EngineConfig:
 
     config = EngineConfig(
         model=ModelConfig(
-            model=model, **take(("dtype", "max_model_len", "load_format", "seed", "revision", "generation_defaults"))
+            model=model,
+            **take(
+                ("dtype", "max_model_len", "load_format", "seed", "revision", "generation_defaults", "quantization")
+            ),
         ),
         cache=CacheConfig(**take(("block_size", "num_kv_tokens", "gpu_memory_utilization", "enable_prefix_caching"))),
         scheduler=SchedulerConfig(**take(("max_num_seqs", "max_num_batched_tokens", "policy"))),

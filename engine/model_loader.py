@@ -19,6 +19,9 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.registry import resolve_model_class
+from engine.quantization.checkpoint_stream import regroup_quantized
+from engine.quantization.model_build import check_quantized_model, initialize_dummy_quantized, quantized_linears
+from engine.quantization.selection import select_quantization
 from engine.weights.dummy import initialize_dummy_weights
 from engine.weights.errors import CheckpointError
 from engine.weights.gguf import convert_gguf, default_cache_dir
@@ -64,12 +67,24 @@ def load_model(
     hf_config = language_config(load_hf_config(model_dir))
     max_model_len = resolve_max_model_len(hf_config, model_config.max_model_len)
     model_class = resolve_model_class(hf_config)
-    with _default_device_and_dtype(device, dtype):
+    quantization = select_quantization(hf_config, model_config.quantization, device)
+    with _default_device_and_dtype(device, dtype), quantized_linears(quantization and quantization.scheme):
         model = model_class(hf_config)
+    if quantization is not None:
+        check_quantized_model(model, quantization.setting)
     if model_config.load_format == "dummy":
         initialize_dummy_weights(model, model_config.seed)
+        initialize_dummy_quantized(model, model_config.seed)
     else:
-        model.load_weights(iterate_weights(checkpoint_files(model_dir)))
+        weights = iterate_weights(checkpoint_files(model_dir))
+        if quantization is not None and quantization.checkpoint is not None:
+            weights = regroup_quantized(weights, quantization.checkpoint)
+        model.load_weights(weights)
+    if quantization is not None and device.type == "cuda":
+        # quantizing at load made one layer's fp32 temporaries at a time: no part of what serving needs, and the KV
+        # pool is sized from torch's reserved peak (engine/kv_cache.py), so that peak starts again here
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     model.eval()
     return LoadedModel(model=model, hf_config=hf_config, model_dir=model_dir, max_model_len=max_model_len)
 

@@ -3,7 +3,8 @@ launches is called through a function here.
 
 Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
 only helpers that launch nothing: the PDL switch (engine/llm_engine.py), the pinned buffers the staging kernel
-reads (engine/input_batch.py) and the packing of sampling parameters (engine/sampler.py);
+reads (engine/input_batch.py), the packing of sampling parameters (engine/sampler.py) and the quantized
+weights' layout constants and int4 packing (engine/quantization/);
 tests/engine/test_kernel_imports.py holds the engine to that. The choice is made per call from the
 tensor's device and one process-wide setting (`set_kernel_backend`, fed from
 `EngineConfig.kernels` by the ModelRunner):
@@ -37,6 +38,7 @@ from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
 from kernels.moe_router import moe_route_ref
 from kernels.prefill_attention import paged_prefill_attention_ref
+from kernels.quant_matmul import fp8_matmul_ref, int4_matmul_ref, int8_matmul_ref, nf4_matmul_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
@@ -115,6 +117,10 @@ SWIGLU_GEMV_MAX_FEATURES = 2048  # and SwiGLU inside it too where the hidden siz
 # The pre-norm, qkv projection, RoPE and KV store as one kernel at one token (kernels/rms_norm_qkv_rope.py,
 # decision 0017); bench/decode_latency.py --fused-qkv-rope on|off for an A/B.
 QKV_ROPE_FUSION = True
+# bf16/fp16 projections of 2..DENSE_STREAMING_MAX_TOKENS tokens through kernels/quant_matmul.py's dense streaming
+# GEMM (each weight byte read once for every token) instead of cuBLAS; 0: off until an engine A/B on a GPU shows
+# where it wins (bench/quantized_decode.py's "bf16-streaming" entry measures it).
+DENSE_STREAMING_MAX_TOKENS = 0
 
 
 def gemv_min_features(device: torch.device) -> int:
@@ -151,6 +157,11 @@ def linear(
         from kernels.gemv import gemv
 
         return gemv(x, weight, bias, out_dtype=out_dtype)
+    if 2 <= x.shape[0] <= DENSE_STREAMING_MAX_TOKENS and out_dtype is None and x.dim() == 2 and use_triton(x):
+        from kernels.quant_matmul import dense_matmul
+
+        y = dense_matmul(x, weight)
+        return y if bias is None else y + bias
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
 
@@ -217,6 +228,52 @@ def rms_norm_qkv_rope(
 
     return kernel(x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, kv_cache[0], kv_cache[1],
                   slot_mapping, num_q_heads)  # fmt: skip
+
+
+# Quantized linear layers (engine/quantization/quantized_weight.py; layouts: kernels/quant_formats.py). A
+# quantized layer never takes the fused one-token paths above (gemv, rms_norm_gemv, rms_norm_qkv_rope): those
+# read a dense weight; its layer runs the norm and this matmul apart.
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [T, K] (q * s)^T -> [T, N]."""
+    if use_triton(x):
+        from kernels.quant_matmul import int8_matmul as kernel
+
+        return kernel(x, qweight, scales, group_size)
+    return int8_matmul_ref(x, qweight, scales, group_size)
+
+
+def int4_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    """x [T, K] ((q - z) * s)^T -> [T, N]."""
+    if use_triton(x):
+        from kernels.quant_matmul import int4_matmul as kernel
+
+        return kernel(x, qweight, scales, zeros, group_size)
+    return int4_matmul_ref(x, qweight, scales, zeros, group_size)
+
+
+def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """x [T, K] (NF4_CODEBOOK[q] * absmax)^T -> [T, N]."""
+    if use_triton(x):
+        from kernels.quant_matmul import nf4_matmul as kernel
+
+        return kernel(x, qweight, absmax)
+    return nf4_matmul_ref(x, qweight, absmax)
+
+
+def fp8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None
+) -> torch.Tensor:
+    """x quantized to fp8 (per token, per 128-wide group for block-scaled weights, or by input_scale) times
+    (q * weight_scale)^T -> [T, N] in x's dtype."""
+    if use_triton(x):
+        from kernels.quant_matmul import fp8_matmul as kernel
+
+        return kernel(x, qweight, weight_scale, input_scale)
+    return fp8_matmul_ref(x, qweight, weight_scale, input_scale)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--cpu-threads", type=int, default=None, help="torch threads of a CPU worker (default: usable cores - 1)"
     )
+    up.add_argument(
+        "--quantization", default=None, choices=("fp8", "int8", "int4", "nf4"),
+        help="quantize the model's linear layers at load (docs/quantization.md)",
+    )  # fmt: skip
     up.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")
     up.add_argument("--data-dir", default="~/.cache/inferq", help="where the private Redis keeps its AOF (redis/)")
     up.add_argument(

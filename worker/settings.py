@@ -40,6 +40,11 @@ class WorkerSettings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="Weights/activations dtype.")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     kernels: Literal["auto", "torch", "triton"] = Field("auto", description="Triton kernels or torch references.")
+    quantization: Literal["fp8", "int8", "int4", "nf4"] | None = Field(
+        None,
+        description="Quantize a dense checkpoint's linear layers at load: int8/fp8 per channel, int4 in groups of "
+        "128, nf4 in blocks of 64 (docs/quantization.md); quantized checkpoints load as they are without it.",
+    )
     enforce_eager: bool = Field(
         False, description="Disable CUDA graphs (small steps still pad to the graph buckets, each run once at start)."
     )
@@ -163,6 +168,7 @@ class WorkerSettings(BaseSettings):
                 dtype=self.dtype,
                 max_model_len=self.max_model_len,
                 generation_defaults=self.generation_defaults,
+                quantization=self.quantization,
             ),
             cache=CacheConfig(
                 block_size=self.block_size,

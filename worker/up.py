@@ -246,6 +246,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             worker_argv += ["--served-model-name", args.served_model_name]
         if args.cpu_threads:
             worker_argv += ["--cpu-threads", str(args.cpu_threads)]
+        if getattr(args, "quantization", None):
+            worker_argv += ["--quantization", args.quantization]
         env = {"INFERQ_REDIS_URL": redis_url}
         say(f"starting Redis, a worker ({args.model}) and the API{load_note(args.model)}")
         worker = WorkerSupervisor(stack, worker_argv, env, heartbeat_probe(redis_url, Keys(prefix).worker(consumer)))

@@ -102,7 +102,7 @@ class LlamaAttention(nn.Module):
         """
         num_tokens = hidden.shape[0]
         qk_norm = self.qk_norm()
-        if qk_norm is None and ops.fuses_qkv_rope(hidden, self.qkv_proj.weight):
+        if qk_norm is None and self.qkv_proj.quant is None and ops.fuses_qkv_rope(hidden, self.qkv_proj.weight):
             # one token: norm, qkv, RoPE and the KV store as one kernel (engine.ops.QKV_ROPE_FUSION)
             qkv, residual = ops.rms_norm_qkv_rope(
                 hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias, positions,

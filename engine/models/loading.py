@@ -8,6 +8,10 @@ MoE experts load in either layout onto the packed parameters of a FusedMoE
 (engine/models/layers/fused_moe.py): the Hub's per-expert tensors
 (`<...>.experts.{e}.<projection>.weight`) each into their expert's slice, or the packed
 `<...>.experts.gate_up_proj` / `down_proj` of transformers 5 whole.
+
+A quantized Linear (engine/quantization) has no `weight` parameter: its `<...>.weight` tensor (a dense one
+to quantize on the fly, or a quantized checkpoint's regrouped PackedTensors) loads into its QuantizedWeight,
+into the fused part's rows.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 from torch import nn
 
 from engine.models.layers.fused_moe import FusedMoE
-from engine.models.layers.linear import FusedLinear
+from engine.models.layers.linear import FusedLinear, Linear
 
 # (checkpoint name fragment, fused parameter fragment, shard) for Llama-like models.
 LLAMA_STACKED_PARAMS: tuple[tuple[str, str, str], ...] = (
@@ -65,6 +69,13 @@ def load_named_weights(
         if mapped is None:
             continue
         name, tensor = mapped
+        quantized = _quantized_target(model, name, stacked_params)
+        if quantized is not None:
+            name, shard, linear = quantized
+            start, rows = linear.shard_rows(shard) if shard is not None else (0, linear.out_features)
+            linear.quant.load(checkpoint_name, tensor, start, rows)
+            loaded.add((name, shard))
+            continue
         expert_slice = _expert_slice(model, name, checkpoint_name)
         if expert_slice is not None:
             name, shard, target = expert_slice
@@ -84,6 +95,26 @@ def load_named_weights(
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ValueError(f"checkpoint lacks {len(missing)} tensors of {model_name}: {shown}")
+
+
+def _quantized_target(
+    model: nn.Module, name: str, stacked_params: tuple[tuple[str, str, str], ...]
+) -> tuple[str, Shard, Linear] | None:
+    """(weight name, shard, layer) where `name` is the weight of a quantized Linear; None otherwise."""
+    if not name.endswith(".weight"):
+        return None
+    shard = None
+    for fragment, fused_fragment, shard_name in stacked_params:
+        if fragment in name:
+            name, shard = name.replace(fragment, fused_fragment), shard_name
+            break
+    try:
+        module = model.get_submodule(name.removesuffix(".weight"))
+    except AttributeError:
+        return None
+    if not isinstance(module, Linear) or module.quant is None:
+        return None
+    return name, shard, module
 
 
 def _stacked_target(
@@ -154,6 +185,10 @@ def _label(model: nn.Module, name: str, shard: Shard, checkpoint_label: Callable
 def _expected_keys(model: nn.Module, params: dict[str, nn.Parameter]) -> set[tuple[str, Shard]]:
     """Every parameter once, fused ones once per shard, packed experts once per expert slice."""
     expected: set[tuple[str, Shard]] = set()
+    for module_name, module in model.named_modules():
+        if isinstance(module, Linear) and module.quant is not None:
+            shards = list(module.shard_sizes) if isinstance(module, FusedLinear) else [None]
+            expected.update((f"{module_name}.weight", shard) for shard in shards)
     for name in params:
         module = _owner(model, name)
         if isinstance(module, FusedLinear):

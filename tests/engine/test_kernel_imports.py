@@ -15,6 +15,12 @@ HELPERS = {
     ("kernels.stage_batch", "StagingBuffers"): "pinned host buffers; ops.stage_batch launches the kernel",
     ("kernels.random_sample", "pack_params"): "sampling parameters as the kernel's [5, S] tensor",
     ("kernels.random_sample", "asks_step_0"): "whether a row needs the top-k select (a host predicate)",
+    ("kernels.quant_formats", "FP8_BLOCK"): "the fp8 scale block (a constant of the layout)",
+    ("kernels.quant_formats", "FP8_MAX"): "the largest e4m3 value (a constant)",
+    ("kernels.quant_formats", "NF4_BLOCK"): "the nf4 absmax block (a constant of the layout)",
+    ("kernels.quant_formats", "NF4_CODEBOOK"): "the nf4 code values (a constant of the layout)",
+    ("kernels.quant_formats", "INT4_SYMMETRIC_ZERO"): "int4's implied zero point (a constant of the layout)",
+    ("kernels.quant_formats", "pack_int4"): "packs int4 codes into the layout's bytes (torch, at load)",
 }
 
 

@@ -6,6 +6,9 @@ Weights keep nn.Linear's layout, [O, I]. A fused projection stacks several
 checkpoint projections of the same input along O (q|k|v, gate|up) so one matmul
 replaces several; the checkpoint's separate tensors are copied into their row
 ranges ("shards") at load time.
+
+Inside engine.quantization.model_build.quantized_linears(scheme) a layer holds a QuantizedWeight (`quant`)
+instead of its dense weight (`weight` is None), and every part loads into its row range the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import torch
 from torch import nn
 
 from engine import ops
+from engine.quantization.model_build import linear_scheme
+from engine.quantization.quantized_weight import QuantizedWeight
 
 
 class Linear(nn.Module):
@@ -29,10 +34,18 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        scheme = linear_scheme()
+        self.quant = QuantizedWeight(scheme, in_features, out_features) if scheme is not None else None
+        if self.quant is None:
+            self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        else:
+            self.register_parameter("weight", None)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            y = self.quant(x)  # [T, I] -> [T, O]
+            return y if self.bias is None else y + self.bias
         return ops.linear(x, self.weight, self.bias)  # [T, I] -> [T, O]
 
 

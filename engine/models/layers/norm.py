@@ -37,6 +37,10 @@ class RMSNorm(nn.Module):
         The norm of a pre-norm block and the projection that reads it, as one op: at one token
         they run as one kernel (engine.ops.rms_norm_linear), elsewhere as the norm and a matmul.
         """
+        if proj.quant is not None:  # the fused one-token kernels read dense weights: norm and matmul apart
+            normed, residual = self(x, residual) if residual is not None else (self(x), x)
+            y = proj(normed)
+            return (ops.silu_and_mul(y) if swiglu else y), residual
         return ops.rms_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias, swiglu=swiglu)
 
 

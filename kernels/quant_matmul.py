@@ -1,0 +1,237 @@
+"""Linear layers on quantized weights: y [M, N] = x [M, K] W^T, one public function per format.
+
+Legend: M = tokens, N = output features, K = input features, G = group size.
+    dense_matmul(x, weight)                              W = weight [N, K] in x's dtype
+    int8_matmul(x, qweight, scales, group_size)          W = q * s                 (W8A16)
+    int4_matmul(x, qweight, scales, zeros, group_size)   W = (q - z) * s           (W4A16)
+    nf4_matmul(x, qweight, absmax)                       W = NF4_CODEBOOK[q] * absmax
+    fp8_matmul(x, qweight, weight_scale, input_scale)    W = q * scale, x quantized to fp8 first (W8A8)
+(layouts: kernels/quant_formats.py). y has x's dtype; products and sums in fp32.
+Each `<name>_ref` is the same math in plain torch: dequantize in fp32, matmul in fp32, cast to x's dtype
+(fp8's reference quantizes the activations as the kernel does).
+
+Dispatch: up to STREAMING_MAX_TOKENS tokens every format takes kernels/quant_gemm.py's weight-streaming
+tiles; above, its tensor-core tiles, except dense (cuBLAS through F.linear) and fp8 with per-channel or
+per-tensor weight scales on a GPU (torch._scaled_mm's row-wise scaled fp8 GEMM, bf16 output).
+Activations of fp8: per 128-wide group of K where the weight has 128x128 block scales, per token
+otherwise, or the static input_scale where the checkpoint gives one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from kernels._launch import check_device
+from kernels.fp8_activations import quantize_fp8_activations, quantize_fp8_activations_ref
+from kernels.quant_formats import (
+    FP8_BLOCK,
+    NF4_BLOCK,
+    NF4_CODEBOOK,
+    check_activations,
+    dequantize_fp8,
+    dequantize_int4,
+    dequantize_int8,
+    dequantize_nf4,
+    fp8_block_scaled,
+    fp8_weight_shape,
+    int4_weight_shape,
+    int8_weight_shape,
+    nf4_weight_shape,
+)
+from kernels.quant_gemm import (
+    CHUNK_SCALE,
+    DENSE,
+    END_SCALE,
+    FP8,
+    INT4,
+    INT8,
+    NF4,
+    STREAMING_MAX_TOKENS,
+    _quant_gemm_kernel,
+    launch_quant_gemm,
+)
+
+__all__ = [
+    "NF4_CODEBOOK",
+    "dense_matmul",
+    "dense_matmul_ref",
+    "fp8_matmul",
+    "fp8_matmul_ref",
+    "int4_matmul",
+    "int4_matmul_ref",
+    "int8_matmul",
+    "int8_matmul_ref",
+    "nf4_matmul",
+    "nf4_matmul_ref",
+    "quantize_fp8_activations",
+    "quantize_fp8_activations_ref",
+    "supports_fp8",
+]
+
+
+@functools.lru_cache(maxsize=8)
+def _codebook(device: torch.device) -> torch.Tensor:
+    return torch.tensor(NF4_CODEBOOK, dtype=torch.float32, device=device)
+
+
+def dense_matmul(x: torch.Tensor, weight: torch.Tensor, *, tiles: dict | None = None) -> torch.Tensor:
+    """x [M, K] weight[N, K]^T: the streaming kernel up to STREAMING_MAX_TOKENS tokens, F.linear above."""
+    if weight.dim() != 2 or weight.dtype != x.dtype:
+        raise ValueError(f"weight must be [N, K] of x's dtype {x.dtype}, got {list(weight.shape)} {weight.dtype}")
+    check_activations(x, weight.shape[1])
+    if weight.stride(1) != 1 and weight.shape[1] > 1:
+        raise ValueError(f"weight must be contiguous in its last dim, got strides {weight.stride()}")
+    check_device(_quant_gemm_kernel, "x and weight", x, weight)
+    if x.shape[0] > STREAMING_MAX_TOKENS and tiles is None:
+        return F.linear(x, weight)
+    return launch_quant_gemm(x, weight, weight.shape[0], DENSE, x.dtype, tiles=tiles)
+
+
+def dense_matmul_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (x.float() @ weight.float().t()).to(x.dtype)
+
+
+def int8_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int, *, tiles: dict | None = None
+) -> torch.Tensor:
+    num_out, num_in = int8_weight_shape(qweight, scales, group_size)
+    check_activations(x, num_in)
+    check_device(_quant_gemm_kernel, "x, qweight and scales", x, qweight, scales)
+    # NOTE: one scale a row multiplies the accumulated sum (the codes, exact in bf16, go into the dot as they are)
+    scale_at = END_SCALE if group_size == num_in else CHUNK_SCALE
+    return launch_quant_gemm(
+        x, qweight, num_out, INT8, x.dtype, w_scales=scales, w_scale_at=scale_at, w_group=group_size, tiles=tiles
+    )
+
+
+def int8_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    int8_weight_shape(qweight, scales, group_size)
+    return (x.float() @ dequantize_int8(qweight, scales, group_size).t()).to(x.dtype)
+
+
+def int4_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    *,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    num_out, num_in = int4_weight_shape(qweight, scales, zeros, group_size)
+    check_activations(x, num_in)
+    extra = [zeros] if zeros is not None else []
+    check_device(_quant_gemm_kernel, "x, qweight, scales and zeros", x, qweight, scales, *extra)
+    return launch_quant_gemm(
+        x, qweight, num_out, INT4, x.dtype, w_scales=scales, w_scale_at=CHUNK_SCALE, w_group=group_size,
+        zeros=zeros, tiles=tiles,
+    )  # fmt: skip
+
+
+def int4_matmul_ref(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    int4_weight_shape(qweight, scales, zeros, group_size)
+    return (x.float() @ dequantize_int4(qweight, scales, zeros, group_size).t()).to(x.dtype)
+
+
+def nf4_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, *, tiles: dict | None = None
+) -> torch.Tensor:
+    num_out, num_in = nf4_weight_shape(qweight, absmax)
+    check_activations(x, num_in)
+    check_device(_quant_gemm_kernel, "x, qweight and absmax", x, qweight, absmax)
+    return launch_quant_gemm(
+        x, qweight, num_out, NF4, x.dtype, w_scales=absmax, w_scale_at=CHUNK_SCALE, w_group=NF4_BLOCK,
+        codebook=_codebook(x.device), tiles=tiles,
+    )  # fmt: skip
+
+
+def nf4_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    nf4_weight_shape(qweight, absmax)
+    return (x.float() @ dequantize_nf4(qweight, absmax).t()).to(x.dtype)
+
+
+def _fp8_activations(x, qweight, weight_scale, input_scale, quantize):
+    """x quantized as fp8_matmul's weight asks: (xq, scales, per-128-group?)."""
+    if input_scale is not None:
+        return (*quantize(x, None, input_scale=input_scale), False)
+    grouped = fp8_block_scaled(qweight, weight_scale)
+    return (*quantize(x, FP8_BLOCK if grouped else None), grouped)
+
+
+FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: e4m3 conversions and tensor-core products
+
+
+def supports_fp8(device: torch.device) -> bool:
+    """Whether fp8_matmul runs on `device`: a GPU of compute capability 8.9 or newer, or the CPU
+    interpreter (which widens the codes to fp32)."""
+    if device.type != "cuda":
+        return True
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= FP8_MIN_CAPABILITY
+
+
+@functools.lru_cache(maxsize=8)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)  # looked up once: fp8_matmul asks on every call
+
+
+def uses_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Whether fp8_matmul takes torch._scaled_mm: a GPU, more than STREAMING_MAX_TOKENS tokens, weight
+    scales per channel or per tensor, bf16 output and the 16-multiples its fp8 GEMM needs."""
+    num_out, num_in = qweight.shape
+    return (
+        x.device.type == "cuda"
+        and x.shape[0] > STREAMING_MAX_TOKENS
+        and x.dtype == torch.bfloat16
+        and not fp8_block_scaled(qweight, weight_scale)
+        and num_out % 16 == 0
+        and num_in % 16 == 0
+    )
+
+
+def fp8_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor | None = None,
+    *,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    num_out, num_in = fp8_weight_shape(qweight, weight_scale)
+    check_activations(x, num_in)
+    extra = [input_scale] if input_scale is not None else []
+    check_device(_quant_gemm_kernel, "x, qweight, weight_scale and input_scale", x, qweight, weight_scale, *extra)
+    if not supports_fp8(x.device):
+        raise ValueError(
+            f"fp8_matmul needs a GPU of compute capability >= 8.9, {x.device} has "
+            f"{torch.cuda.get_device_capability(x.device)}: quantize the weights to int8 instead"
+        )
+    xq, x_scales, grouped = _fp8_activations(x, qweight, weight_scale, input_scale, quantize_fp8_activations)
+    if tiles is None and uses_scaled_mm(x, qweight, weight_scale):
+        # NOTE: row-wise scaling wants both scales as vectors: [M, 1] and [1, N]
+        scale_a = x_scales.expand(x.shape[0], 1).contiguous()
+        scale_b = weight_scale.reshape(1, -1).expand(1, num_out).contiguous()
+        return torch._scaled_mm(xq, qweight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
+    block = fp8_block_scaled(qweight, weight_scale)
+    return launch_quant_gemm(
+        xq, qweight, num_out, FP8, x.dtype,
+        w_scales=weight_scale, w_scale_at=CHUNK_SCALE if block else END_SCALE, w_group=FP8_BLOCK,
+        w_row_div=FP8_BLOCK if block else 1,
+        x_scales=x_scales, x_scale_at=CHUNK_SCALE if grouped else END_SCALE, tiles=tiles,
+    )  # fmt: skip
+
+
+def fp8_matmul_ref(
+    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    num_out, num_in = fp8_weight_shape(qweight, weight_scale)
+    check_activations(x, num_in)
+    xq, x_scales, grouped = _fp8_activations(x, qweight, weight_scale, input_scale, quantize_fp8_activations_ref)
+    if grouped:
+        x_scales = x_scales.repeat_interleave(FP8_BLOCK, dim=1)[:, :num_in]
+    xd = xq.float() * x_scales
+    return (xd @ dequantize_fp8(qweight, weight_scale).t()).to(x.dtype)
