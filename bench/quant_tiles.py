@@ -1,6 +1,6 @@
 """Tile alternatives of the quantized GEMM (kernels/quant_gemm.py) around its defaults, at one token and the
 streaming token counts, where the defaults are reasoned rather than measured (decision
-NNNN-quantized-gemm-kernels): which BLOCK_N / BLOCK_K / warps / stages read the weights fastest.
+0055-quantized-gemm-kernels): which BLOCK_N / BLOCK_K / warps / stages read the weights fastest.
 
 For each case (projection, format, tokens) every candidate tile is timed as bench/quant_gemm.py times (CUDA
 graph replays over weight copies that exceed the L2) and reported against the default tile and the bytes

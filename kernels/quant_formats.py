@@ -16,7 +16,7 @@ codes and its scales sit together and a kernel streams rows along K (kernels/qua
 Why these layouts: they are what the checkpoints' loaders can produce without a second copy (AWQ and GPTQ
 unpack to int4 codes of one row per output feature; bitsandbytes' NF4 and the FP8 checkpoints already are
 row-major [N, K]), and one layout per format keeps the kernels to one code path each (decision
-NNNN-quantized-gemm-kernels).
+0055-quantized-gemm-kernels).
 """
 
 from __future__ import annotations
