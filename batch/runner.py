@@ -126,6 +126,8 @@ class BatchRunner:
             if int(line) not in recorded:
                 meta = RequestMeta.from_fields(json.loads(meta_json))
                 self.results.add(int(line), by_line[int(line)].custom_id, meta, self.served.texts)
+        if self.results.in_flight:
+            log.info("batch %s: re-attached to %d lines in flight", self.batch_id, len(self.results.in_flight))
         pending = deque(item for item in runnable if item.line not in recorded and str(item.line) not in sent)
         cancelling = False
         while True:

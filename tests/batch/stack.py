@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
+from openai.types import Batch
 
 from api.settings import ApiSettings
 from batch.settings import BatchSettings
@@ -73,11 +75,18 @@ def openai_client(api: ThreadApi) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{api.url}/v1", api_key=API_KEY, max_retries=0, timeout=30)
 
 
-def wait_batch(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], timeout_s: float = 120):
+def wait_batch(
+    client: openai.OpenAI,
+    batch_id: str,
+    statuses: tuple[str, ...],
+    timeout_s: float = 120,
+    until: Callable[[Batch], bool] | None = None,
+) -> Batch:
+    """The batch once its status is one of `statuses` (or `until` holds)."""
     deadline = time.monotonic() + timeout_s
     while True:
         batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
+        if batch.status in statuses or (until is not None and until(batch)):
             return batch
         if time.monotonic() > deadline:
             raise AssertionError(f"batch {batch_id} is still {batch.status} ({batch.request_counts})")
