@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from api.auth import AuthorizedCaller
 from api.batch_services import batch_services
 from api.errors import ApiError, bad_request
+from api.query_params import only_query_params
 from api.responses import error_responses
 from batch.batch_store import CANCELLED, CANCELLING, IN_PROGRESS, TERMINAL, VALIDATING, openai_batch
 from batch.file_store import BATCH
@@ -36,20 +37,36 @@ class BatchCreateRequest(BaseModel):
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_PAIRS)] | None = None
 
 
+# A request the schema admits that names a file this caller cannot run: no such file, or not batch input.
+FILE_NOT_FOUND = "file_not_found"
+NOT_BATCH_INPUT = "file_not_batch_input"
+BATCH_LIMIT_CODES = (FILE_NOT_FOUND, NOT_BATCH_INPUT)
+
+
+def _create_responses() -> dict:
+    responses = error_responses(400, 401)
+    responses[400]["description"] = (
+        "Invalid request: a body this document does not admit; or an input_file_id it cannot judge, answered "
+        "with one of these codes: " + ", ".join(BATCH_LIMIT_CODES) + " (no such file of this API key, a file "
+        "whose purpose is not batch)"
+    )
+    return responses
+
+
 def _not_found(batch_id: str) -> ApiError:
     return ApiError(404, f"No such batch: {batch_id}", param="batch_id", code="batch_not_found")
 
 
-@router.post("/v1/batches", responses=error_responses(400, 401))
+@router.post("/v1/batches", responses=_create_responses())
 async def create_batch(request: Request, caller: AuthorizedCaller, body: BatchCreateRequest) -> dict:
     services = batch_services(request)
     record = await services.call(services.files.get, body.input_file_id, caller.owner)
     if record is None:
         message = f"input_file_id: no such file: {body.input_file_id}"
-        raise bad_request(message, param="input_file_id", code="file_not_found")
+        raise bad_request(message, param="input_file_id", code=FILE_NOT_FOUND)
     if record.purpose != BATCH:
         message = f"input_file_id: the file's purpose is {record.purpose!r}, not 'batch'"
-        raise bad_request(message, param="input_file_id", code="invalid_value")
+        raise bad_request(message, param="input_file_id", code=NOT_BATCH_INPUT)
     batch_id = new_batch_id()
     fields = await services.call(
         lambda: services.batches.create(batch_id, caller.owner, body.endpoint, body.input_file_id, body.metadata)
@@ -67,7 +84,11 @@ async def retrieve_batch(request: Request, caller: AuthorizedCaller, batch_id: s
     return openai_batch(fields)
 
 
-@router.get("/v1/batches", responses=error_responses(400, 401))
+@router.get(
+    "/v1/batches",
+    responses=error_responses(400, 401),
+    dependencies=[Depends(only_query_params("after", "limit"))],
+)
 async def list_batches(
     request: Request,
     caller: AuthorizedCaller,

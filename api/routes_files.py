@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response
 
 from api.auth import AuthorizedCaller
 from api.batch_services import batch_services
 from api.errors import ApiError, bad_request
+from api.query_params import only_query_params
 from api.responses import error_responses
 from batch.file_store import BATCH
 from batch.ids import new_file_id
@@ -23,34 +24,51 @@ from batch.input_lines import check_jsonl
 router = APIRouter()
 
 
+# A file the schema admits but that is not batch input: its content is not JSONL, or it is over the size limit.
+INVALID_FILE_FORMAT = "invalid_file_format"
+FILE_TOO_LARGE = "file_too_large"
+FILE_LIMIT_CODES = (INVALID_FILE_FORMAT, FILE_TOO_LARGE)
+
+
+def _upload_responses() -> dict:
+    responses = error_responses(400, 401, 413)
+    responses[400]["description"] = (
+        "Invalid request: a form this document does not admit; or a file it cannot judge, answered with one of "
+        "these codes: " + ", ".join(FILE_LIMIT_CODES) + " (not UTF-8 JSONL, over INFERQ_MAX_FILE_BYTES)"
+    )
+    return responses
+
+
 def _not_found(file_id: str) -> ApiError:
     return ApiError(404, f"No such file: {file_id}", param="file_id", code="file_not_found")
 
 
-@router.post("/v1/files", responses=error_responses(400, 401, 413))
+@router.post("/v1/files", responses=_upload_responses())
 async def create_file(
     request: Request,
     caller: AuthorizedCaller,
     file: Annotated[UploadFile, File(description="A JSONL file of batch requests.")],
-    purpose: Annotated[str, Form(description='Only "batch".')],
+    purpose: Annotated[Literal["batch"], Form(description='Only "batch".')],
 ) -> dict:
     services = batch_services(request)
-    if purpose != BATCH:
-        raise bad_request(f"purpose must be 'batch', got {purpose!r}", param="purpose", code="invalid_value")
     limit = services.settings.max_file_bytes
     data = await file.read(limit + 1)
     if len(data) > limit:
         message = f"file: the file is larger than the limit of {limit} bytes (INFERQ_MAX_FILE_BYTES)"
-        raise bad_request(message, param="file", code="file_too_large")
+        raise bad_request(message, param="file", code=FILE_TOO_LARGE)
     problem = check_jsonl(data)
     if problem is not None:
-        raise bad_request(f"file: {problem}", param="file", code="invalid_file_format")
+        raise bad_request(f"file: {problem}", param="file", code=INVALID_FILE_FORMAT)
     filename = file.filename or "upload.jsonl"
-    record = await services.call(services.files.write, new_file_id(), caller.owner, filename, purpose, data)
+    record = await services.call(services.files.write, new_file_id(), caller.owner, filename, BATCH, data)
     return record.openai()
 
 
-@router.get("/v1/files", responses=error_responses(400, 401))
+@router.get(
+    "/v1/files",
+    responses=error_responses(400, 401),
+    dependencies=[Depends(only_query_params("purpose", "limit", "after", "order"))],
+)
 async def list_files(
     request: Request,
     caller: AuthorizedCaller,

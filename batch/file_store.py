@@ -66,7 +66,7 @@ class FileStore:
     def __init__(self, redis: Redis, keys: BatchKeys, directory: str | Path, ttl_s: int) -> None:
         self.redis = redis
         self.keys = keys
-        self.directory = Path(directory)
+        self.directory = Path(directory).expanduser()
         self.ttl_s = ttl_s
         self.directory.mkdir(parents=True, exist_ok=True)
 

@@ -16,7 +16,7 @@ class BatchSettings(BaseSettings):
     redis_url: str = "redis://localhost:6379/0"
     prefix: str = Field("inferq", pattern=r"^[A-Za-z0-9._-]{1,64}$")
     # Uploaded input files and generated output/error files (a volume in Compose); metadata in Redis.
-    files_dir: str = "./inferq-files"
+    files_dir: str = "~/.cache/inferq/files"
     # An uploaded file over this many bytes is refused (400, param "file").
     max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     # A batch input file of more lines fails its batch (OpenAI's limit is 50,000).

@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-threads", type=int, default=None, help="torch threads of a CPU worker (default: usable cores - 1)"
     )
     up.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")
-    up.add_argument("--data-dir", default="~/.cache/inferq", help="where the private Redis keeps its AOF (redis/)")
+    up.add_argument(
+        "--data-dir",
+        default="~/.cache/inferq",
+        help="where the private Redis keeps its AOF (redis/) and the Batch API its files (files/)",
+    )
     up.add_argument(
         "--fresh", action="store_true", help="empty the private Redis's data first (drops requests left pending)"
     )
