@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from api import batch_listing
 from api.auth import AuthorizedCaller
 from api.batch_services import batch_services
 from api.errors import ApiError, bad_request
@@ -96,7 +97,7 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict:
     services = batch_services(request)
-    records = await services.call(services.batches.list, caller.owner, limit + 1, after)
+    records = await services.call(batch_listing.list_batches, services.batches, caller.owner, limit + 1, after)
     data = [openai_batch(fields) for fields in records[:limit]]
     first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
     return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": len(records) > limit}

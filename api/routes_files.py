@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response
 
+from api import batch_listing
 from api.auth import AuthorizedCaller
 from api.batch_services import batch_services
 from api.errors import ApiError, bad_request
@@ -79,7 +80,9 @@ async def list_files(
 ) -> dict:
     services = batch_services(request)
     records = await services.call(
-        lambda: services.files.list(caller.owner, purpose, limit + 1, after, newest_first=order == "desc")
+        lambda: batch_listing.list_files(
+            services.files, caller.owner, purpose, limit + 1, after, newest_first=order == "desc"
+        )
     )
     data = [record.openai() for record in records[:limit]]
     first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)

@@ -2,7 +2,7 @@
 
 Status moves only forward: validating -> in_progress -> finalizing -> completed | failed | expired, and
 validating | in_progress -> cancelling -> cancelled (a script checks the current status, so a cancel and a
-runner's step never overwrite each other). Counts move in the script that records a line, once per line.
+runner's step never overwrite each other). Counts move with the lines' records (batch/line_records.py).
 """
 
 from __future__ import annotations
@@ -53,16 +53,6 @@ end
 return 0
 """
 
-# KEYS[1] the batch's lines, KEYS[2] the batch; ARGV line number, line text, counter ('completed' or 'failed').
-# NOTE: HSETNX makes a line's record and its count happen once, whichever runner finishes it.
-_RECORD_LINE = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
-  return 1
-end
-return 0
-"""
-
 
 def openai_batch(fields: dict[str, str]) -> dict[str, Any]:
     """A record's hash -> the OpenAI batch object."""
@@ -95,7 +85,6 @@ class BatchStore:
         self.redis = redis
         self.keys = keys
         self._transition = redis.register_script(_TRANSITION)
-        self._record_line = redis.register_script(_RECORD_LINE)
 
     def create(
         self, batch_id: str, owner: str, endpoint: str, input_file_id: str, metadata: dict[str, str] | None
@@ -128,20 +117,6 @@ class BatchStore:
             return None
         return fields if owner is None or fields.get("owner") == owner else None
 
-    def list(self, owner: str, limit: int, after: str | None) -> list[dict[str, str]]:
-        """Up to `limit` of the owner's batches, newest first, older than the batch `after`."""
-        ids = self.redis.zrange(self.keys.batches, 0, -1, desc=True)
-        if after is not None:
-            ids = ids[ids.index(after) + 1 :] if after in ids else []
-        out = []
-        for batch_id in ids:
-            fields = self.get(batch_id, owner)
-            if fields is not None:
-                out.append(fields)
-                if len(out) == limit:
-                    break
-        return out
-
     def all_ids(self) -> list[str]:
         return self.redis.zrange(self.keys.batches, 0, -1)
 
@@ -151,17 +126,6 @@ class BatchStore:
         for name, value in fields.items():
             args += [name, value if isinstance(value, str) else json.dumps(value)]
         return bool(self._transition(keys=[self.keys.batch(batch_id)], args=args))
-
-    def record_line(self, batch_id: str, line: int, text: str, succeeded: bool) -> bool:
-        """Keep a finished line's output or error line and count it, unless it was recorded before."""
-        keys = [self.keys.lines(batch_id), self.keys.batch(batch_id)]
-        return bool(self._record_line(keys=keys, args=[line, text, "completed" if succeeded else "failed"]))
-
-    def recorded(self, batch_id: str) -> dict[int, str]:
-        return {int(line): text for line, text in self.redis.hgetall(self.keys.lines(batch_id)).items()}
-
-    def recorded_lines(self, batch_id: str) -> set[int]:
-        return {int(line) for line in self.redis.hkeys(self.keys.lines(batch_id))}
 
     def mark_dispatched(self, batch_id: str) -> None:
         self.redis.hset(self.keys.batch(batch_id), "dispatched_at", str(int(time.time())))

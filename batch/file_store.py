@@ -101,22 +101,6 @@ class FileStore:
     def read(self, file_id: str) -> bytes:
         return self.path(file_id).read_bytes()
 
-    def list(
-        self, owner: str, purpose: str | None, limit: int, after: str | None, newest_first: bool
-    ) -> list[FileRecord]:
-        """Up to `limit` records of the owner, in creation order, after the file `after`."""
-        ids = self.redis.zrange(self.keys.files, 0, -1, desc=newest_first)
-        if after is not None:
-            ids = ids[ids.index(after) + 1 :] if after in ids else []
-        records = []
-        for file_id in ids:
-            record = self.get(file_id, owner)
-            if record is not None and (purpose is None or record.purpose == purpose):
-                records.append(record)
-                if len(records) == limit:
-                    break
-        return records
-
     def delete(self, file_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.file(file_id))

@@ -9,6 +9,7 @@ import time
 from batch.batch_store import CANCELLED, CANCELLING, COMPLETED, EXPIRED, FINALIZING, IN_PROGRESS, BatchStore
 from batch.file_store import BATCH_OUTPUT, FileStore
 from batch.ids import error_file_id, output_file_id
+from batch.line_records import LineRecords
 from batch.output_lines import is_success
 
 _TIMESTAMP = {COMPLETED: "completed_at", CANCELLED: "cancelled_at", EXPIRED: "expired_at"}
@@ -18,7 +19,7 @@ def _jsonl(lines: list[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def finalize(store: BatchStore, files: FileStore, batch_id: str, owner: str, ending: str) -> str:
+def finalize(store: BatchStore, lines: LineRecords, files: FileStore, batch_id: str, owner: str, ending: str) -> str:
     """Write the files and set the final status (`ending`, or cancelled when a cancel came first)."""
     now = str(int(time.time()))
     if ending == COMPLETED:
@@ -26,7 +27,7 @@ def finalize(store: BatchStore, files: FileStore, batch_id: str, owner: str, end
     current = store.get(batch_id)
     if current is not None and current["status"] == CANCELLING:
         ending = CANCELLED
-    recorded = store.recorded(batch_id)
+    recorded = lines.all()
     texts = [recorded[line] for line in sorted(recorded)]
     outputs = [text for text in texts if is_success(text)]
     errors = [text for text in texts if not is_success(text)]

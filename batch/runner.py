@@ -4,7 +4,7 @@ their answers, finalize.
 Exactly once per line, across runner deaths:
 - a line is sent in one transaction with its entry in `{prefix}:batch:sent:{id}` (its request id is a
   function of batch and line), so a new runner re-attaches to every line sent before and sends none twice;
-- a line's answer is recorded with HSETNX beside its count (batch/batch_store.py), so no line is written
+- a line's answer is recorded with HSETNX beside its count (batch/line_records.py), so no line is written
   or counted twice, and the files are written from those records at the end.
 At most `batch_in_flight` lines are in the request stream or running at once, at the wire priority
 `batch_priority`: interactive requests run first and never queue behind a whole batch.
@@ -29,6 +29,7 @@ from batch.ids import line_request_id
 from batch.input_lines import InputLine, LineError, parse_lines
 from batch.keys import BatchKeys
 from batch.lease import BatchLease
+from batch.line_records import LineRecords
 from batch.line_requests import prepare
 from batch.line_results import LineAnswer, LineResults
 from batch.output_lines import BATCH_CANCELLED, BATCH_EXPIRED, error_line, response_line
@@ -52,6 +53,7 @@ class BatchRunner:
         self.keys = BatchKeys(settings.prefix)
         self.wire = Keys(settings.prefix)
         self.store = BatchStore(redis, self.keys)
+        self.lines = LineRecords(redis, self.keys, batch_id)
         self.files = FileStore(redis, self.keys, settings.files_dir, settings.files_ttl_s)
         self.served = ServedModel(redis, self.wire)
         self.results = LineResults(redis)
@@ -74,7 +76,7 @@ class BatchRunner:
             return record["status"] if record else "missing"
         owner = record["owner"]
         if record["status"] == FINALIZING:
-            return finalize(self.store, self.files, self.batch_id, owner, COMPLETED)
+            return finalize(self.store, self.lines, self.files, self.batch_id, owner, COMPLETED)
         lines = self._input(record)
         if lines is None:
             return FAILED
@@ -109,7 +111,7 @@ class BatchRunner:
         for item in lines:
             if isinstance(item, LineError):
                 text = error_line(self.batch_id, item.line, item.custom_id, item.code, item.message)
-                self.store.record_line(self.batch_id, item.line, text, succeeded=False)
+                self.lines.record(item.line, text, succeeded=False)
         total = str(len(lines))
         self.store.transition(self.batch_id, (VALIDATING, CANCELLING), total=total)
         now = str(int(time.time()))
@@ -117,7 +119,7 @@ class BatchRunner:
 
     def _feed_and_collect(self, lease: BatchLease, record: dict[str, str], runnable: list[InputLine]) -> str:
         owner, endpoint, expires_at = record["owner"], record["endpoint"], int(record["expires_at"])
-        recorded = self.store.recorded_lines(self.batch_id)
+        recorded = self.lines.numbers()
         sent = self.redis.hgetall(self.keys.sent(self.batch_id))
         by_line = {item.line: item for item in runnable}
         self.served.refresh()
@@ -143,15 +145,15 @@ class BatchRunner:
                 self._cancel_in_flight()
                 for item in [*pending, *self.results.lines()]:
                     text = error_line(self.batch_id, item.line, item.custom_id, BATCH_EXPIRED, "the batch expired")
-                    self.store.record_line(self.batch_id, item.line, text, succeeded=False)
-                return finalize(self.store, self.files, self.batch_id, owner, EXPIRED)
+                    self.lines.record(item.line, text, succeeded=False)
+                return finalize(self.store, self.lines, self.files, self.batch_id, owner, EXPIRED)
             if time.monotonic() - refreshed > MODEL_REFRESH_S:
                 self.served.refresh()
                 refreshed = time.monotonic()
             while pending and len(self.results.in_flight) < self.settings.batch_in_flight and self.served.info:
                 self._send(pending.popleft(), owner, endpoint, expires_at)
             if not pending and not self.results.in_flight:
-                return finalize(self.store, self.files, self.batch_id, owner, COMPLETED)
+                return finalize(self.store, self.lines, self.files, self.batch_id, owner, COMPLETED)
             if not self.results.in_flight:
                 time.sleep(READ_BLOCK_MS / 1000)  # no model served yet: lines wait for a worker
                 continue
@@ -168,7 +170,7 @@ class BatchRunner:
             )  # fmt: skip
         except ApiError as err:
             text = response_line(self.batch_id, item.line, item.custom_id, err.status, None, err.body())
-            self.store.record_line(self.batch_id, item.line, text, succeeded=False)
+            self.lines.record(item.line, text, succeeded=False)
             return
         message.created = time.time()
         message.deadline = float(expires_at)  # a line not started by the batch's expiry is dropped by the worker
@@ -186,7 +188,7 @@ class BatchRunner:
             text = response_line(
                 self.batch_id, answer.line, answer.custom_id, answer.status, answer.request_id, answer.body
             )
-        self.store.record_line(self.batch_id, answer.line, text, succeeded=answer.status == 200)
+        self.lines.record(answer.line, text, succeeded=answer.status == 200)
 
     def _cancel_in_flight(self) -> None:
         lines = self.results.lines()
