@@ -35,5 +35,3 @@ class BatchSettings(BaseSettings):
     # How often each batch worker sweeps: expired files and batches deleted, batches whose runner died
     # sent to a new one. Several workers sweep at most once per interval together (a Redis lock).
     batch_sweep_interval_s: float = Field(30.0, gt=0)
-    # A result stream with no event this long ends its line with an error (a request no worker holds).
-    batch_line_timeout_s: float = Field(3600.0, gt=0)
