@@ -116,7 +116,8 @@ async def cancel_batch(request: Request, caller: AuthorizedCaller, batch_id: str
         lambda: services.batches.transition(batch_id, (VALIDATING, IN_PROGRESS), status=CANCELLING, cancelling_at=now)
     )
     fields = await services.call(services.batches.get, batch_id, caller.owner)
-    assert fields is not None
+    if fields is None:  # deleted meanwhile (the sweep)
+        raise _not_found(batch_id)
     if not cancelled and fields["status"] in TERMINAL and fields["status"] != CANCELLED:
         message = f"batch {batch_id} is {fields['status']}; only a validating or in_progress batch can be cancelled"
         raise ApiError(409, message, param="batch_id", code="batch_not_cancellable")

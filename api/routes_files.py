@@ -57,7 +57,7 @@ async def create_file(
     if len(data) > limit:
         message = f"file: the file is larger than the limit of {limit} bytes (INFERQ_MAX_FILE_BYTES)"
         raise bad_request(message, param="file", code=FILE_TOO_LARGE)
-    problem = check_jsonl(data)
+    problem = await services.call(check_jsonl, data)  # a large file's decoding stays off the event loop
     if problem is not None:
         raise bad_request(f"file: {problem}", param="file", code=INVALID_FILE_FORMAT)
     filename = file.filename or "upload.jsonl"

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from api.errors import ApiError, bad_request, validation_error
+from api.errors import bad_request, validation_error
 from api.limits import check_token_ids, token_budget
 from api.model_info import require_model
 from api.request_build import build_request, prompt_token_count
@@ -68,5 +68,3 @@ def prepare(
         priority=priority,
     )
 
-
-__all__ = ["ApiError", "parse_body", "prepare"]

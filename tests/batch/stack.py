@@ -16,7 +16,7 @@ from openai.types import Batch
 
 from api.settings import ApiSettings
 from batch.settings import BatchSettings
-from tests.api.processes import REPO_ROOT, WorkerProcess, one_thread_env
+from tests.api.processes import REPO_ROOT, one_thread_env
 from tests.api.servers import API_KEY, ThreadApi
 from tests.redis_server import RedisServer
 
@@ -91,6 +91,3 @@ def wait_batch(
         if time.monotonic() > deadline:
             raise AssertionError(f"batch {batch_id} is still {batch.status} ({batch.request_counts})")
         time.sleep(0.1)
-
-
-__all__ = ["WorkerProcess"]

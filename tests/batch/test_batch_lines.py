@@ -10,8 +10,10 @@ from collections.abc import Callable
 import openai
 import pytest
 
+from api.settings import ApiSettings
+from batch.settings import BatchSettings
 from tests.api.processes import SERVED
-from tests.api.servers import ThreadApi
+from tests.api.servers import API_KEY, ThreadApi
 from tests.batch.stack import BatchWorkerProcess, openai_client, wait_batch
 from tests.redis_server import RedisServer
 
@@ -154,3 +156,28 @@ def test_batch_creation_names_the_bad_field(api: ThreadApi) -> None:
         assert anonymous.get(f"/v1/files/{file_id}").status_code == 401
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve("file-missing")
+
+
+def test_an_api_key_sees_only_its_own_files_and_batches(
+    redis_server: RedisServer, prefix: str, settings: BatchSettings, api: ThreadApi
+) -> None:
+    other_key = "sk-test-key-2"
+    api_settings = ApiSettings(redis_url=redis_server.url, prefix=prefix, api_keys=[API_KEY, other_key])
+    shared = ThreadApi(api_settings, settings).start()
+    try:
+        mine = openai_client(shared)
+        theirs = openai.OpenAI(base_url=f"{shared.url}/v1", api_key=other_key, max_retries=0)
+        file_id = _upload(mine, [_line("a", _chat("a"))])
+        batch = mine.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        mine.batches.cancel(batch.id)
+        with pytest.raises(openai.NotFoundError):
+            theirs.files.retrieve(file_id)
+        with pytest.raises(openai.NotFoundError):
+            theirs.batches.retrieve(batch.id)
+        with pytest.raises(openai.BadRequestError):  # another key's file cannot be run either
+            theirs.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        assert file_id not in {f.id for f in theirs.files.list().data}
+        assert batch.id not in {b.id for b in theirs.batches.list().data}
+        assert file_id in {f.id for f in mine.files.list().data}
+    finally:
+        shared.stop()
