@@ -181,3 +181,23 @@ def test_an_api_key_sees_only_its_own_files_and_batches(
         assert file_id in {f.id for f in mine.files.list().data}
     finally:
         shared.stop()
+
+
+def test_a_batch_past_its_window_expires_with_its_lines_in_the_error_file(
+    api: ThreadApi, redis_server: RedisServer, prefix: str, start_batch_worker: Callable[..., BatchWorkerProcess]
+) -> None:
+    client = openai_client(api)
+    lines = [_line(f"e-{i}", _chat(f"late {i}")) for i in range(3)]
+    batch = client.batches.create(
+        input_file_id=_upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    # Its 24 hours are over before any batch worker takes it.
+    redis_server.client(decode_responses=True).hset(f"{prefix}:batch:b:{batch.id}", "expires_at", "1")
+    start_batch_worker()
+    done = wait_batch(client, batch.id, ("expired", "completed", "failed"), timeout_s=60)
+    assert done.status == "expired" and done.expired_at is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (3, 0, 3)
+    assert done.output_file_id is None
+    errors = _content(client, done.error_file_id)
+    assert sorted(x["custom_id"] for x in errors) == ["e-0", "e-1", "e-2"]
+    assert {x["error"]["code"] for x in errors} == {"batch_expired"}
