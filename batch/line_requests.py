@@ -67,4 +67,3 @@ def prepare(
         result_stream=wire.result(request_id),
         priority=priority,
     )
-
