@@ -9,17 +9,20 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from api import routes_docs, routes_health, routes_openai, routes_requests, routes_ui
+from api import routes_batches, routes_docs, routes_files, routes_health, routes_openai, routes_requests, routes_ui
 from api.admission_gate import BodyGateMiddleware, HeadersGateMiddleware
 from api.errors import install_error_handlers
 from api.metrics import ApiMetrics
 from api.middleware import BodyReadMiddleware, ErrorCountMiddleware, SizeLimitMiddleware
 from api.settings import ApiSettings
 from api.state import AppState
+from batch.settings import BatchSettings
 
 
-def create_app(settings: ApiSettings | None = None) -> FastAPI:
+def create_app(settings: ApiSettings | None = None, batch_settings: BatchSettings | None = None) -> FastAPI:
     settings = settings or ApiSettings()
+    # The Batch API's settings (files directory, upload limit) from the environment; Redis as the API's.
+    batch_settings = batch_settings or BatchSettings(redis_url=settings.redis_url, prefix=settings.prefix)
     metrics = ApiMetrics()
 
     @asynccontextmanager
@@ -31,6 +34,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             yield
         finally:
             await state.close()
+            services = getattr(app.state, "batch_services", None)
+            if services is not None:
+                services.close()
 
     app = FastAPI(
         title="inferq",
@@ -43,12 +49,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.batch_settings = batch_settings
     app.state.metrics = metrics
     app.state.started = time.time()
     install_error_handlers(app)
 
     app.include_router(routes_openai.router)
     app.include_router(routes_requests.router)
+    app.include_router(routes_files.router)
+    app.include_router(routes_batches.router)
     app.include_router(routes_health.router)
     app.include_router(routes_ui.router)
     app.include_router(routes_docs.router)
@@ -57,7 +66,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     # can read a 408 or a 503 too.
     app.add_middleware(BodyGateMiddleware)
     app.add_middleware(
-        BodyReadMiddleware, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+        BodyReadMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        max_upload_bytes=batch_settings.max_file_bytes,
+        upload_timeout_s=settings.upload_timeout_s,
     )
     app.add_middleware(HeadersGateMiddleware)
     if settings.cors_origins:
@@ -71,7 +84,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_middleware(ErrorCountMiddleware, metrics=metrics)
     # Outermost: refuse oversized requests before anything else runs.
     app.add_middleware(
-        SizeLimitMiddleware, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
+        SizeLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
+        max_upload_bytes=batch_settings.max_file_bytes,
     )
     return app
 

@@ -32,13 +32,25 @@ def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
+# Uploads of batch input files (api/routes_files.py) have their own limits: a file's size, and the time
+# such a body may take.
+UPLOAD_PATH = "/v1/files"
+# Room for the multipart framing and the form's other fields around the file itself.
+UPLOAD_FRAMING_BYTES = 64 * 1024
+
+
+def is_upload(scope: Scope) -> bool:
+    return scope.get("method") == "POST" and scope.get("path") == UPLOAD_PATH
+
+
 class SizeLimitMiddleware:
     """Header bytes (431) and a declared Content-Length (413), before anything else runs."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int, max_upload_bytes: int = 0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
+        self.max_upload_bytes = max(max_upload_bytes + UPLOAD_FRAMING_BYTES, max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -61,8 +73,9 @@ class SizeLimitMiddleware:
                 except ValueError:
                     await error_response(ApiError(400, "invalid Content-Length header"))(scope, receive, send)
                     return
-                if declared > self.max_body_bytes:
-                    await error_response(body_too_large(self.max_body_bytes))(scope, receive, send)
+                limit = self.max_upload_bytes if is_upload(scope) else self.max_body_bytes
+                if declared > limit:
+                    await error_response(body_too_large(limit))(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
@@ -73,10 +86,19 @@ class BodyReadMiddleware:
     NOTE: inside the admission gate's headers step, so that a full queue's refusal never waits for a body
     (api/admission_gate.py)."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        max_upload_bytes: int = 0,
+        upload_timeout_s: float = 0.0,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.max_upload_bytes = max(max_upload_bytes + UPLOAD_FRAMING_BYTES, max_body_bytes)
+        self.upload_timeout_s = max(upload_timeout_s, body_timeout_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _declares_body(scope.get("headers") or []):
@@ -84,16 +106,19 @@ class BodyReadMiddleware:
             return
         chunks: list[bytes] = []
         received = 0
+        upload = is_upload(scope)
+        max_bytes = self.max_upload_bytes if upload else self.max_body_bytes
+        timeout_s = self.upload_timeout_s if upload else self.body_timeout_s
         try:
-            async with asyncio.timeout(self.body_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 while True:
                     message = await receive()
                     if message["type"] != "http.request":
                         return  # the client left before its body was in: nobody to answer
                     chunk = message.get("body", b"")
                     received += len(chunk)
-                    if received > self.max_body_bytes:
-                        err = body_too_large(self.max_body_bytes)
+                    if received > max_bytes:
+                        err = body_too_large(max_bytes)
                         err.headers.update(CLOSE)
                         await error_response(err)(scope, receive, send)
                         return
@@ -103,8 +128,8 @@ class BodyReadMiddleware:
         except TimeoutError:
             err = ApiError(
                 408,
-                f"the request body did not arrive within {self.body_timeout_s:g} s of its headers "
-                f"({received} bytes came; INFERQ_BODY_TIMEOUT_S)",
+                f"the request body did not arrive within {timeout_s:g} s of its headers "
+                f"({received} bytes came; {'INFERQ_UPLOAD_TIMEOUT_S' if upload else 'INFERQ_BODY_TIMEOUT_S'})",
                 code="request_timeout",
                 headers=dict(CLOSE),
             )

@@ -16,6 +16,35 @@ from worker.protocol import Keys, ModelInfo, WorkerHeartbeat
 CACHE_S = 1.0
 
 
+def served_names(info: ModelInfo, served_model_name: str) -> list[str]:
+    """Names a request may use: the configured served name first, then the workers' own."""
+    names = [served_model_name] if served_model_name else []
+    if info.model not in names:
+        names.append(info.model)
+    return names
+
+
+def require_model(info: ModelInfo | None, served_model_name: str, requested: str) -> tuple[ModelInfo, str]:
+    """The model info and the name to echo back, or 404 (another model) / 503 (none served yet)."""
+    if info is None:
+        raise ApiError(
+            503,
+            "no model is being served yet: no worker has started",
+            type=SERVER_ERROR,
+            code="no_model",
+            headers={"Retry-After": "5"},
+        )
+    names = served_names(info, served_model_name)
+    if requested not in names:
+        raise ApiError(
+            404,
+            f"The model '{requested}' does not exist; this server serves {names}",
+            param="model",
+            code="model_not_found",
+        )
+    return info, names[0]
+
+
 class ModelRegistry:
     def __init__(self, redis: Redis, keys: Keys, served_model_name: str = "") -> None:
         self.redis = redis
@@ -45,31 +74,11 @@ class ModelRegistry:
 
     def names(self, info: ModelInfo) -> list[str]:
         """Names a request may use: the configured served name first, then the workers' own."""
-        names = [self.served_model_name] if self.served_model_name else []
-        if info.model not in names:
-            names.append(info.model)
-        return names
+        return served_names(info, self.served_model_name)
 
     async def require(self, requested: str) -> tuple[ModelInfo, str]:
         """The model info and the name to echo back, or 404 / 503."""
-        info = await self.info()
-        if info is None:
-            raise ApiError(
-                503,
-                "no model is being served yet: no worker has started",
-                type=SERVER_ERROR,
-                code="no_model",
-                headers={"Retry-After": "5"},
-            )
-        names = self.names(info)
-        if requested not in names:
-            raise ApiError(
-                404,
-                f"The model '{requested}' does not exist; this server serves {names}",
-                param="model",
-                code="model_not_found",
-            )
-        return info, names[0]
+        return require_model(await self.info(), self.served_model_name, requested)
 
     async def live_workers(self) -> list[WorkerHeartbeat]:
         heartbeats = []

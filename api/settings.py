@@ -55,6 +55,8 @@ class ApiSettings(BaseSettings):
     # A request's whole body must arrive this long after its headers; past it 408 and the connection is
     # closed (api/middleware.py). 30 s carries the largest body (max_body_bytes) at ~35 KB/s.
     body_timeout_s: float = Field(30.0, gt=0)
+    # The same for an upload of a batch input file (POST /v1/files; its size limit is INFERQ_MAX_FILE_BYTES).
+    upload_timeout_s: float = Field(600.0, gt=0)
     # Open connections of one client address to one replica; the next one is answered 429 once its
     # headers arrive, then closed (api/http_server.py). The address is the TCP peer's: behind a proxy
     # or load balancer it is the proxy's, so raise this (or 0: no cap) there.

@@ -37,7 +37,8 @@ from api.errors import SERVER_ERROR, ApiError
 from api.events import EventSource
 from api.limits import check_token_ids, token_budget
 from api.metrics import RequestObserver
-from api.request_meta import CHAT, COMPLETION, RequestMeta, load_meta, save_meta
+from api.request_build import build_request, kind_of
+from api.request_meta import CHAT, RequestMeta, load_meta, save_meta
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState
 from api.tokens import PromptTokenizer
@@ -83,13 +84,6 @@ async def count_prompt_tokens(
     if sum(len(m["content"]) for m in messages) > _INLINE_TOKENIZE_CHARS:
         return await anyio.to_thread.run_sync(tokenizer.count_chat, messages)
     return tokenizer.count_chat(messages)
-
-
-def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
-    if isinstance(body, ChatCompletionRequest):
-        return {"messages": body.wire_messages()}
-    prompt = body.single_prompt()
-    return {"prompt_token_ids": prompt} if isinstance(prompt, list) else {"prompt": prompt}
 
 
 async def open_source(
@@ -195,7 +189,7 @@ async def _enqueue(
     max_tokens: int,
 ) -> Accepted | str:
     """The new request, admitted and enqueued; or the id of the earlier request with this Idempotency-Key."""
-    kind = CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION
+    kind = kind_of(body)
     claim = idempotency.make_claim(state.keys, caller.owner, idempotency_key, kind, body)
     if claim is not None and (earlier := await idempotency.lookup(state.redis, claim)) is not None:
         return earlier
@@ -203,25 +197,17 @@ async def _enqueue(
     queued_tokens = prompt_tokens if prompt_tokens is not None else 0
     await state.admission.check_rate(caller.owner, queued_tokens + max_tokens)
     request_id = new_request_id(kind)
-    meta = RequestMeta(
+    # deadline and created are stamped just before the message is sent (_stamped_fields).
+    meta, message = build_request(
+        body,
         request_id=request_id,
         owner=caller.owner,
-        kind=kind,
-        model=model_name,
+        model_name=model_name,
         created=int(time.time()),
-        n=body.n,
-        include_usage=body.include_usage,
-        logprobs=body.engine_logprobs(),
         prompt_tokens=queued_tokens,
+        max_tokens=max_tokens,
         result_stream=state.keys.wire.result(request_id),
-        **body.echo_fields(max_tokens),
-    )
-    # deadline and created are stamped just before the message is sent (_stamped_fields).
-    message = RequestMessage(
-        id=request_id,
-        params=body.engine_params(max_tokens, body.engine_logprobs()),
         priority=body.priority,
-        **_wire_prompt(body),
     )
     if claim is None:
         return await _enqueue_in_one_script(state, meta, message)

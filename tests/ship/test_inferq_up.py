@@ -112,10 +112,12 @@ def test_up_starts_redis_a_worker_and_the_api_and_says_how_to_call_it(inferq_up:
             return "redis"
         if "-m worker.event_publisher_process" in cmd:  # the worker's event writer (INFERQ_PUBLISHER_PROCESS)
             return "publisher"
+        if "-m batch" in cmd:
+            return "batch"
         return "worker" if "-m worker" in cmd else "api" if "-m api" in cmd else cmd
 
     kinds = sorted(kind(cmd) for cmd in inferq_up.children.values())
-    assert kinds == ["api", "publisher", "redis", "worker"], inferq_up.children
+    assert kinds == ["api", "batch", "publisher", "redis", "worker"], inferq_up.children
     text = inferq_up.log_text()
     assert f"inferq is up: {inferq_up.url}" in text
     assert f"curl {inferq_up.url}/v1/chat/completions" in text

@@ -158,7 +158,7 @@ def test_the_children_stop_when_inferq_up_itself_is_killed(home: Path) -> None:
     """A `kill -9` of `inferq up` leaves no Redis, worker or API holding the port and the data."""
     up = start_up(home, env=KEYS, timeout_s=START_TIMEOUT_S)
     try:
-        assert len(up.children) == 4, up.children  # redis, worker, its publisher, api
+        assert len(up.children) == 5, up.children  # redis, worker, its publisher, api, batch worker
         up.process.kill()
         up.process.wait()
         deadline = time.monotonic() + 45

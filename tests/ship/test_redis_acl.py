@@ -25,9 +25,20 @@ from redis.retry import Retry
 from api.settings import ApiSettings
 from tests.api.servers import API_KEY, ThreadApi
 from tests.api.wire import chunks, parse_sse
+from tests.batch.stack import BatchWorkerProcess, batch_settings, openai_client, wait_batch
 from tests.redis_server import RedisServer, free_port
 from tests.ship.dockerfiles import compose_config
-from tests.ship.redis_acl import PASSWORDS, REDIS_CONF, REDIS_DIR, commands_used, granted_commands, render
+from tests.ship.redis_acl import (
+    BATCH_STORES,
+    KOMBU_CONSUME,
+    KOMBU_PUBLISH,
+    PASSWORDS,
+    REDIS_CONF,
+    REDIS_DIR,
+    commands_used,
+    granted_commands,
+    render,
+)
 from tests.ship.stack import child_env
 from tests.worker.harness import ThreadWorker, make_settings, submit, wait_complete
 from worker.lease import LeaseKeeper
@@ -98,14 +109,21 @@ def test_redis_conf_is_in_force(admin: redis.Redis) -> None:
     assert admin.config_get("appendonly") == {"appendonly": "yes"}
     assert admin.config_get("appendfsync") == {"appendfsync": "everysec"}
     assert admin.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
-    assert set(admin.acl_users()) == {"default", "healthcheck", "admin", "api", "worker"}
+    assert set(admin.acl_users()) == {"default", "healthcheck", "admin", "api", "worker", "batch"}
     assert "off" in admin.acl_getuser("default")["flags"]
 
 
 def test_grants_equal_the_commands_the_code_sends(acl_file: Path) -> None:
     grants = granted_commands(acl_file.read_text())
-    for user, package in (("api", "api"), ("worker", "worker")):
-        used, unknown = commands_used(package)
+    code = {
+        "api": commands_used("api", BATCH_STORES),
+        "worker": commands_used("worker"),
+        "batch": commands_used("batch"),
+    }
+    code["api"][0].update(KOMBU_PUBLISH)
+    code["batch"][0].update(KOMBU_CONSUME)
+    for user, package in (("api", "api"), ("worker", "worker"), ("batch", "batch")):
+        used, unknown = code[user]
         assert not unknown, f"{package}/ calls redis methods the ACL test does not know: {unknown}"
         assert used - grants[user] == set(), f"{package}/ sends commands user {user!r} may not run"
         assert grants[user] - used == set(), f"user {user!r} may run commands {package}/ never sends"
@@ -229,6 +247,14 @@ def test_worker_and_api_serve_as_restricted_users(
         ("worker", ["SCRIPT", "FLUSH"]),
         ("worker", ["SUBSCRIBE", "inferq:events:x"]),
         ("worker", ["XADD", "elsewhere:results", "*", "type", "token"]),
+        ("batch", ["FLUSHALL"]),
+        ("batch", ["XREADGROUP", "GROUP", "inferq:workers", "x", "COUNT", "1", "STREAMS", "inferq:requests", ">"]),
+        ("batch", ["XADD", "inferq:result:x", "0-1", "type", "token"]),
+        ("batch", ["SET", "inferq:model", "{}"]),
+        ("batch", ["GET", "inferq:api:queue"]),
+        ("batch", ["DEL", "inferq:requests"]),
+        ("batch", ["HSET", "elsewhere:batch:x", "a", "1"]),
+        ("batch", ["PUBLISH", "inferq:events:x", "{}"]),
     ],
 )
 def test_commands_outside_the_grant_are_refused(acl_server: RedisServer, user: str, command: list[str]) -> None:
@@ -279,6 +305,7 @@ def test_start_script_renders_the_acl_and_starts_redis_that_passes_the_compose_h
         PATH=f"{bin_dir}:{env['PATH']}", TEST_DIR=str(tmp_path), TEST_PORT=str(port),
         INFERQ_REDIS_ACL_DIR=str(tmp_path / "acl"), INFERQ_REDIS_MAXMEMORY="64mb",
         INFERQ_REDIS_API_PASSWORD="api-pw", INFERQ_REDIS_WORKER_PASSWORD="worker-pw",
+        INFERQ_REDIS_BATCH_PASSWORD="batch-pw",
     )  # fmt: skip
     server = subprocess.Popen(["sh", str(REDIS_DIR / "start-redis.sh")], env=env, stdout=subprocess.DEVNULL)
     try:
@@ -312,3 +339,42 @@ def test_start_script_renders_the_acl_and_starts_redis_that_passes_the_compose_h
         server.wait(timeout=10)
     down = subprocess.run(["sh", "-c", command.replace("redis-cli ", f"redis-cli -p {port} ", 1)])
     assert down.returncode != 0, "the healthcheck must fail when Redis is down"
+
+
+def test_batch_worker_and_api_run_batches_as_restricted_users(
+    acl_server: RedisServer, admin: redis.Redis, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """The Batch API end to end with every service as its own user: upload, a batch run by a Celery worker
+    (user batch) through a worker (user worker), a cancelled batch, listing, content, deletion; the sweep
+    runs meanwhile. Redis refuses nothing."""
+    files = batch_settings(acl_server, PREFIX, tmp_path / "files", redis_url=_url(acl_server, "batch"))
+    settings = make_settings(acl_server, PREFIX, tiny_llama_dir, redis_url=_url(acl_server, "worker"))
+    api_settings = ApiSettings(redis_url=_url(acl_server, "api"), prefix=PREFIX, api_keys=[API_KEY])
+    body = {"model": settings.model_name, "prompt": "hello", "max_tokens": 3, "temperature": 0}
+    data = "".join(
+        json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n"
+        for i in range(3)
+    ).encode()
+    with ThreadWorker(settings):
+        api = ThreadApi(api_settings, files.model_copy(update={"redis_url": api_settings.redis_url})).start()
+        batch_worker = BatchWorkerProcess(files, tmp_path / "batch.log", "acl")
+        try:
+            client = openai_client(api)
+            upload = client.files.create(file=("in.jsonl", data), purpose="batch")
+            batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+            done = wait_batch(client, batch.id, ("completed", "failed"), timeout_s=60)
+            assert done.status == "completed", batch_worker.tail()
+            assert done.request_counts.completed == 3
+            assert len(client.files.content(done.output_file_id).text.splitlines()) == 3
+            other = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+            client.batches.cancel(other.id)
+            assert wait_batch(client, other.id, ("cancelled",), timeout_s=60).status == "cancelled"
+            assert {b.id for b in client.batches.list().data} == {batch.id, other.id}
+            assert upload.id in {f.id for f in client.files.list().data}
+            client.files.delete(upload.id)
+            time.sleep(2 * files.batch_sweep_interval_s)  # a sweep or two, as the batch user
+        finally:
+            batch_worker.stop()
+            api.stop()
+    refusals = [e for e in admin.acl_log(count=100) if e["object"] != "client|setinfo"]
+    assert refusals == [], refusals
