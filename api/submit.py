@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import anyio
 
@@ -36,6 +36,7 @@ from api.errors import SERVER_ERROR, ApiError
 from api.events import EventSource
 from api.limits import check_token_ids, token_budget
 from api.metrics import RequestObserver
+from api.output_plan import OutputPlan, plan_output
 from api.request_meta import CHAT, COMPLETION, RequestMeta, load_meta, save_meta
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState
@@ -65,7 +66,9 @@ def new_request_id(kind: str) -> str:
 
 
 async def count_prompt_tokens(
-    tokenizer: PromptTokenizer | None, body: ChatCompletionRequest | CompletionRequest
+    tokenizer: PromptTokenizer | None,
+    body: ChatCompletionRequest | CompletionRequest,
+    tools: list[dict[str, Any]] | None = None,
 ) -> int | None:
     if isinstance(body, CompletionRequest):
         prompt = body.single_prompt()
@@ -79,9 +82,9 @@ async def count_prompt_tokens(
     if tokenizer is None:
         return None
     messages = body.wire_messages()
-    if sum(len(m["content"]) for m in messages) > _INLINE_TOKENIZE_CHARS:
-        return await anyio.to_thread.run_sync(tokenizer.count_chat, messages)
-    return tokenizer.count_chat(messages)
+    if sum(len(m["content"] or "") for m in messages) > _INLINE_TOKENIZE_CHARS:
+        return await anyio.to_thread.run_sync(tokenizer.count_chat, messages, tools)
+    return tokenizer.count_chat(messages, tools)
 
 
 def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
@@ -170,14 +173,18 @@ async def submit(
     arrival = time.monotonic()
     info, model_name = await state.models.require(body.model)
     check_token_ids(info, body)
-    prompt_tokens = await count_prompt_tokens(await state.tokenizers.get(state.redis), body)
+    tokenizer = await state.tokenizers.get(state.redis)
+    plan = plan_output(body, tokenizer, state.settings)
+    prompt_tokens = await count_prompt_tokens(tokenizer, body, plan.tools.tools if plan.tools else None)
     budget = token_budget(info, state.settings, body, prompt_tokens)
     # NOTE: a few requests at a time through the Redis part of the path (state.submit_turns). With
     # every request of a burst on it at once, asyncio interleaves them step by step and the first
     # XADD waits for every request's earlier steps; in turns the first ones reach the worker while
     # the rest are still on their way, and the last XADD is no later (the work is the same).
     async with state.submit_turns:
-        outcome = await _enqueue(state, caller, body, idempotency_key, model_name, prompt_tokens, budget.max_tokens)
+        outcome = await _enqueue(
+            state, caller, body, idempotency_key, model_name, prompt_tokens, budget.max_tokens, plan
+        )
     if isinstance(outcome, str):  # an earlier request with this Idempotency-Key
         return await _attach_existing(state, outcome)
     outcome.observer = RequestObserver(state.metrics, model_name, arrival)
@@ -192,6 +199,7 @@ async def _enqueue(
     model_name: str,
     prompt_tokens: int | None,
     max_tokens: int,
+    plan: OutputPlan,
 ) -> Accepted | str:
     """The new request, admitted and enqueued; or the id of the earlier request with this Idempotency-Key."""
     kind = CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION
@@ -214,13 +222,18 @@ async def _enqueue(
         prompt_tokens=queued_tokens,
         result_stream=state.keys.wire.result(request_id),
         **body.echo_fields(max_tokens),
+        **plan.meta_fields(),
     )
+    params = body.engine_params(max_tokens, body.engine_logprobs())
+    if plan.constraint is not None:
+        params["structured_output"] = plan.constraint
     # deadline and created are stamped just before the message is sent (_stamped_fields).
     message = RequestMessage(
         id=request_id,
-        params=body.engine_params(max_tokens, body.engine_logprobs()),
+        params=params,
         priority=body.priority,
         **_wire_prompt(body),
+        **plan.message_fields(),
     )
     if claim is None:
         return await _enqueue_in_one_script(state, meta, message)

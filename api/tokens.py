@@ -79,6 +79,7 @@ class PromptTokenizer:
     eos_token: str
     digest: str
     special_pattern: re.Pattern[str] | None  # the special tokens' texts (encoded as text inside messages)
+    chat_template: str = ""  # its text (which tool call format the model was taught: api/tool_parsers/)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> PromptTokenizer:
@@ -92,39 +93,44 @@ class PromptTokenizer:
             eos_token=fields.get("eos_token", ""),
             digest=fields.get("sha256", ""),
             special_pattern=compile_special_pattern(specials),
+            chat_template=fields.get("chat_template", ""),
         )
 
     def count_text(self, text: str) -> int:
         """Tokens of a completion prompt (special tokens added, as engine.encode does)."""
         return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The template's text; `tools` (OpenAI tool objects) are passed only when given, as transformers'
+        apply_chat_template does, so a template's `tools is defined` reads the same."""
         if self.template is None:
             raise bad_request("this model has no chat template; use /v1/completions", param="messages")
+        extra = {"tools": tools} if tools else {}
         try:
             return self.template.render(
                 messages=messages,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except TemplateError as exc:
             # The model's template refused these messages (e.g. roles out of order).
             raise bad_request(f"messages: the chat template rejected them: {exc}", param="messages") from None
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt's token ids, as engine/tokenizer.py's apply_chat_template gives them."""
         if self.special_pattern is None or not mentions(messages, self.special_pattern):
-            return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+            return self.tokenizer.encode(self.render_chat(messages, tools), add_special_tokens=False).ids
         masked = MaskedMessages(messages, self.special_pattern)
         return masked.encode(
-            self.render_chat(masked.messages),
+            self.render_chat(masked.messages, tools),
             lambda s: self.tokenizer.encode(s, add_special_tokens=False).ids,
             lambda s: plain_text_ids(self.tokenizer, s),
         )
 
-    def count_chat(self, messages: list[dict[str, str]]) -> int:
-        return len(self.chat_ids(messages))
+    def count_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        return len(self.chat_ids(messages, tools))
 
 
 class TokenizerCache:
