@@ -20,6 +20,7 @@ class RequiredArrayParser:
     def __init__(self) -> None:
         self._buffer = ""
         self._opened = False
+        self._head = ""  # the text up to "[", given back as content with the rest when no call came
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -30,7 +31,8 @@ class RequiredArrayParser:
                 return pieces
             if not head.startswith("["):
                 return pieces  # not the constrained form: close() gives it back as content
-            self._opened, self._buffer = True, head[1:]
+            start = len(self._buffer) - len(head) + 1
+            self._opened, self._head, self._buffer = True, self._buffer[:start], self._buffer[start:]
         while True:
             rest = self._buffer.lstrip(_SEPARATORS)
             if not rest.startswith("{"):
@@ -41,14 +43,15 @@ class RequiredArrayParser:
             call = call_of_text(rest[:end], ("parameters", "arguments"))
             if call is None:
                 return pieces
-            self._buffer = rest[end:]
+            self._buffer, self._head = rest[end:], ""
             pieces.append(call)
 
     def close(self) -> list[Piece]:
         rest = self._buffer.strip(_SEPARATORS)
         if self._opened and rest in ("", "]"):
             return []
-        return [self._buffer] if self._buffer else []
+        text = self._head + self._buffer
+        return [text] if text else []
 
 
 class NamedArgumentsParser:

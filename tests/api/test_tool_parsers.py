@@ -100,8 +100,8 @@ def test_required_array_gives_each_item_as_a_call_once_it_closes():
         p = RequiredArrayParser()
         chunks = [text[i : i + size] for i in range(0, len(text), size)]
         assert merged([x for c in chunks for x in p.feed(c)] + p.close()) == [WEATHER, TIME]
-    cut_short = '{"name": "get_time", "parameters": {"zo'  # max_tokens ended it: content, as it came
-    assert parse_whole(RequiredArrayParser(), "[" + cut_short) == [cut_short]
+    cut_short = ' [{"name": "get_time", "parameters": {"zo'  # max_tokens ended it: content, as it came
+    assert parse_whole(RequiredArrayParser(), cut_short) == [cut_short]
 
 
 def test_named_choice_streams_the_arguments_as_they_come():

@@ -1,0 +1,104 @@
+"""Tool calls in responses: the chunks of a streamed answer, assembled by the openai SDK's own stream
+state, equal the whole answer, for every tool_choice mode and however the worker cut the text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
+
+from api.logprob_format import token_texts
+from api.openai_format import ChunkFormatter, WholeResponse
+from api.request_meta import CHAT, RequestMeta
+from worker.protocol import ResultEvent
+
+WEATHER = '{"city": "Paris"}'
+OUTPUTS = {
+    ("auto", "hermes"): (f'Checking.<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
+                         "Checking.", [("get_weather", WEATHER)]),
+    ("auto", "llama3_json"): (f'{{"name": "get_weather", "parameters": {WEATHER}}}; {{"name": "get_time", '
+                              '"parameters": {}}', None, [("get_weather", WEATHER), ("get_time", "{}")]),
+    ("required", ""): (f'[{{"name": "get_weather", "parameters": {WEATHER}}}]', None, [("get_weather", WEATHER)]),
+    ("named", ""): (WEATHER, None, [("get_weather", WEATHER)]),
+    ("auto", "hermes-text"): ("It is sunny.", "It is sunny.", []),
+    ("none", ""): ('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>',
+                   '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>', []),
+}  # fmt: skip
+
+
+def meta(mode: str, parser: str, n: int = 1) -> RequestMeta:
+    return RequestMeta(
+        request_id="chatcmpl-7", owner="o", kind=CHAT, model="m", created=1, n=n, include_usage=False, logprobs=None,
+        prompt_tokens=3, result_stream="r", tool_mode=mode, tool_parser=parser.removesuffix("-text"),
+        tool_name="get_weather" if mode == "named" else "",
+    )  # fmt: skip
+
+
+def events(text: str, pieces: int, seed: int, n: int = 1) -> list[ResultEvent]:
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), min(pieces - 1, len(text) - 1)))
+    out, seq = [], 0
+    for index in range(n):
+        for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+            seq += 1
+            out.append(ResultEvent(seq=seq, type="token", index=index, text=text[a:b], token_ids=[1]))
+        seq += 1
+        usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+        out.append(ResultEvent(seq=seq, type="done", index=index, finish_reason="stop", usage=usage))
+    return out
+
+
+@pytest.mark.parametrize(("mode", "parser"), list(OUTPUTS), ids=["-".join(k).strip("-") for k in OUTPUTS])
+@pytest.mark.parametrize("pieces", [1, 3, 17, 1000])
+def test_streamed_tool_calls_assemble_to_the_whole_answer(mode, parser, pieces):
+    text, content, calls = OUTPUTS[(mode, parser)]
+    request = meta(mode, parser, n=2)
+    stream = events(text, pieces, seed=pieces, n=2)
+    whole = WholeResponse(request, token_texts(None))
+    formatter = ChunkFormatter(request, token_texts(None))
+    state = ChatCompletionStreamState()
+    for event in stream:
+        whole.add(event)
+        state.handle_chunk(ChatCompletionChunk.model_validate(formatter.chunk(event)))
+    body = whole.body()
+    assembled = state.get_final_completion()
+    for index in range(2):
+        message = body["choices"][index]["message"]
+        assert message["content"] == content
+        got = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        assert got == calls
+        for name, arguments in calls:
+            assert isinstance(json.loads(arguments), dict), name
+        finish = "tool_calls" if calls else "stop"
+        assert body["choices"][index]["finish_reason"] == finish
+        sdk = assembled.choices[index]
+        assert sdk.finish_reason == finish
+        assert (sdk.message.content or None) == content
+        sdk_calls = [(c.function.name, c.function.arguments) for c in sdk.message.tool_calls or []]
+        assert sdk_calls == calls
+        ids = [c["id"] for c in message.get("tool_calls", [])]
+        assert ids == [c.id for c in sdk.message.tool_calls or []]
+        assert all(i.startswith("call_") for i in ids) and len(set(ids)) == len(ids)
+
+
+def test_call_ids_are_the_same_on_a_replay():
+    """A resumed stream replays the events through a new formatter: the ids must not change."""
+    text = OUTPUTS[("required", "")][0]
+    first = [ChunkFormatter(meta("required", ""), token_texts(None)).chunk(e) for e in events(text, 4, 1)]
+    again = [ChunkFormatter(meta("required", ""), token_texts(None)).chunk(e) for e in events(text, 4, 1)]
+    assert first == again
+
+
+def test_length_cut_keeps_finish_reason_length_and_the_text_as_content():
+    text = '[{"name": "get_weather", "parameters": {"ci'
+    whole = WholeResponse(meta("required", ""), token_texts(None))
+    for event in events(text, 3, 0):
+        if event.type == "done":
+            event.finish_reason = "length"
+        whole.add(event)
+    choice = whole.body()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"] == {"role": "assistant", "content": text}
