@@ -250,8 +250,18 @@ class MessageToolCall(BaseModel):
     function: CalledFunction
 
 
+def _publish_message_rules(schema: dict[str, Any]) -> None:
+    """JSON Schema of the rules `ChatMessage._content_or_calls` checks: content is required but on an assistant
+    message with tool calls, and only assistant messages carry tool calls."""
+    no_calls = {"properties": {"tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}
+    assistant = {"properties": {"role": {"const": "assistant"}}, "required": ["role"]}
+    with_calls = {"properties": {"tool_calls": {"type": "array", "minItems": 1}}, "required": ["tool_calls"]}
+    content = {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]}
+    schema["allOf"] = [{"anyOf": [no_calls, assistant]}, {"anyOf": [content, {"allOf": [assistant, with_calls]}]}]
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_publish_message_rules)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | Annotated[list[TextPart], Field(min_length=1)] | None = Field(

@@ -173,6 +173,12 @@ AGREEMENT = [
     (CHAT | {"response_format": {"type": "xml"}}, False), (CHAT | {"tool_choice": "any"}, False),
     (COMPLETION | {"tools": [{"type": "function", "function": {"name": "f"}}]}, False),
     (CHAT | {"tools": [{"type": "function", "function": {"name": "f"}}]}, True),
+    (CHAT | {"messages": [{"role": "tool"}]}, False), (CHAT | {"messages": [{"role": "tool", "content": "1"}]}, True),
+    (CHAT | {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "1", "function": {"name": "f", "arguments": "{}"}}]}]}, True),
+    (CHAT | {"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "1", "function": {"name": "f", "arguments": "{}"}}]}]}, False),
+    (CHAT | {"messages": [{"role": "assistant", "content": None, "tool_calls": []}]}, False),
     (CHAT | {"structured_outputs": {"choice": []}}, False), (CHAT | {"structured_outputs": {"choice": ["a"]}}, True),
     (CHAT | {"response_format": {"type": "text"}}, True), (CHAT | {"modalities": ["text", "audio"]}, False),
     (CHAT | {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]}, False),
