@@ -43,6 +43,15 @@ class OutputPlan:
 
 
 NO_PLAN = OutputPlan()
+_CONSTRAINT_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def asks_for_output_checks(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether `plan_output` has schemas or regexes to check (a large schema takes milliseconds: off the loop)."""
+    fmt = body.response_format
+    if (fmt is not None and fmt.type != "text") or any(getattr(body, name) is not None for name in _CONSTRAINT_FIELDS):
+        return True
+    return isinstance(body, ChatCompletionRequest) and (bool(body.tools) or body.tool_choice not in (None, "none"))
 
 
 def plan_output(
