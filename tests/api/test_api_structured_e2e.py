@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from pydantic import BaseModel, Field
 
 from api.settings import ApiSettings
@@ -207,8 +208,13 @@ def test_openai_sdk_auto_tool_choice_is_well_formed_either_way(served):
     client = _client(served)
     common = {"model": SERVED, "messages": QUESTION, "tools": [WEATHER, TIME], "max_tokens": 48, **GREEDY}
     whole = client.chat.completions.create(**common)
-    with client.chat.completions.stream(**common) as stream:
-        streamed = stream.get_final_completion()
+    # NOTE: the SDK's stream() helper raises on finish_reason "length", which a free answer may reach; its
+    # chunk assembler (what stream() runs) reads the chunks of a plain streamed create(), and its snapshot is
+    # the assembled answer.
+    state = ChatCompletionStreamState()
+    for chunk in client.chat.completions.create(**common, stream=True):
+        state.handle_chunk(chunk)
+    streamed = state.current_completion_snapshot
     for answer in (whole, streamed):
         choice = answer.choices[0]
         if choice.message.tool_calls:
