@@ -22,5 +22,7 @@ def is_constraint_failure(meta: RequestMeta, event: ResultEvent) -> bool:
 
 def constraint_failure(meta: RequestMeta, event: ResultEvent) -> ApiError:
     field = meta.constraint_field
-    reason = (event.error or "").removeprefix(WORKER_PREFIX).lstrip(" :")
+    # The worker's message names its own field first ("structured_output.grammar: <why>"); the client's is named.
+    message = event.error or ""
+    reason = message.split(": ", 1)[1] if ": " in message else message.removeprefix(WORKER_PREFIX)
     return ApiError(400, f"{field}: the constraint does not compile: {reason}", param=field, code=INVALID_CONSTRAINT)
