@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -86,6 +87,9 @@ class Request:
     # the logprobs of prompt tokens 1.. so far (entry i is token i + 1's), while the request computes them: asked
     # for (prompt_logprobs) and not resumed (a resumed request's first run delivered them); None once delivered
     prompt_logprobs: list[Logprob] | None = None
+    # the choice's grammar state (engine/structured_output/grammar_state.py) once its constraint compiled; None for
+    # a request without structured_output
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
