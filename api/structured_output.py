@@ -152,7 +152,7 @@ def checked_constraint(field: str, constraint: dict[str, Any]) -> dict[str, Any]
     except ValueError as exc:
         param = getattr(exc, "param", field)
         raise bad_request(f"{param}: {getattr(exc, 'message', exc)}", param=param, code=INVALID_CONSTRAINT) from None
-    size = len(json.dumps(constraint, ensure_ascii=False))
+    size = len(json.dumps(next(iter(constraint.values())), ensure_ascii=False))
     if size > MAX_STRUCTURED_OUTPUT_CHARS:
         raise bad_request(
             f"{field}: the constraint is {size} characters of JSON; the limit is {MAX_STRUCTURED_OUTPUT_CHARS}",
