@@ -303,7 +303,11 @@ class ChatMessage(BaseModel):
     def wire(self) -> dict[str, Any]:
         """The message as the protocol carries it. OpenAI's "developer" role is what open models'
         templates call "system"."""
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        # NOTE: an assistant turn of tool calls alone has content null; the template gets "" (as falsy as None to
+        # templates that test it, and templates that concatenate it, SmolLM2's, do not fail on it).
+        text = self.text()
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": "" if text is None else text}
         if self.tool_calls:
             message["tool_calls"] = wire_tool_calls([call.model_dump() for call in self.tool_calls])
         if self.tool_call_id is not None:

@@ -114,7 +114,7 @@ class PromptTokenizer:
                 eos_token=self.eos_token,
                 **extra,
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError, KeyError) as exc:  # a template's own arithmetic fails too
             # The model's template refused these messages (e.g. roles out of order).
             raise bad_request(f"messages: the chat template rejected them: {exc}", param="messages") from None
 

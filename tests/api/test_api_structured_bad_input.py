@@ -217,7 +217,7 @@ def test_earlier_tool_calls_and_results_reach_the_template(api, rclient, prefix)
     message = _sent(api, rclient, prefix, CHAT_URL, chat(messages=turns, tools=[WEATHER]))
     assert message.messages[1] == {
         "role": "assistant",
-        "content": None,
+        "content": "",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                                           "arguments": {"city": "Paris"}}}],
     }  # fmt: skip
