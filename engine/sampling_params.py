@@ -14,6 +14,7 @@ from engine.structured_output.constraint import (  # noqa: F401  (re-exported: t
     MAX_CHOICE_CHARS,
     MAX_CHOICES,
     MAX_STRUCTURED_OUTPUT_CHARS,
+    STRUCTURED_OUTPUT_KINDS,
     check_structured_output,
 )
 
