@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.main import create_app
+from api.output_plan import plan_output
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.settings import ApiSettings
 from worker.protocol import SAMPLING_PARAM_FIELDS, RequestMessage, decode_request, encode_request
@@ -23,20 +24,25 @@ EVERYTHING = {
 
 def test_every_sampling_field_reaches_the_worker_under_its_engine_name():
     body = ChatCompletionRequest(
-        **EVERYTHING, messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3
-    )
-    params = body.engine_params(9, body.engine_logprobs())
+        **EVERYTHING, messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    # NOTE: the constraint is checked and added by the output plan (api/output_plan.py), as api/submit.py does.
+    constraint = {"structured_output": plan_output(body, None, ApiSettings()).constraint}
+    params = body.engine_params(9, body.engine_logprobs()) | constraint
     # every engine field is reachable, under its own name (prompt_logprobs through a completion's echo)
     assert set(params) == SAMPLING_PARAM_FIELDS - {"prompt_logprobs"}
-    echo = CompletionRequest(**EVERYTHING | {"max_tokens": 0}, prompt="hi", echo=True, logprobs=2)
-    echo_params = echo.engine_params(0, echo.engine_logprobs())
+    echo = CompletionRequest(**EVERYTHING | {"max_tokens": 0}, prompt="hi", echo=True, logprobs=2, guided_regex="a")
+    echo_params = echo.engine_params(0, echo.engine_logprobs()) | {
+        "structured_output": plan_output(echo, None, ApiSettings()).constraint
+    }
     assert echo_params["prompt_logprobs"] == 2 and echo_params["max_tokens"] == 1  # the one token is not shown
     assert set(echo_params) == SAMPLING_PARAM_FIELDS
     message = RequestMessage(id="chatcmpl-1", messages=body.wire_messages(), params=params, priority=body.priority)
     decoded = decode_request(encode_request(message))
     assert decoded.params["logit_bias"] == {5: -3}
     assert decoded.params["logprobs"] == 3 and decoded.params["stop"] == ["\n\n", "END"]
-    assert decoded.priority == -1
+    assert decoded.priority == -1 and decoded.params["structured_output"] == {"json_object": True}
 
 
 def test_defaults_send_only_what_the_client_chose():
