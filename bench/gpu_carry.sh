@@ -10,7 +10,8 @@ set -euo pipefail
 PY="${PY:-.venv/bin/python}"
 PACKAGES=(redis hiredis fastapi starlette uvicorn sse-starlette pydantic pydantic-core pydantic-settings
           python-dotenv annotated-types annotated-doc typing-inspection typing-extensions httpx httpcore anyio
-          sniffio idna certifi h11 click prometheus-client jinja2 markupsafe opentelemetry-api uvloop httptools)
+          sniffio idna certifi h11 click prometheus-client jinja2 markupsafe opentelemetry-api uvloop httptools
+          xgrammar apache-tvm-ffi)
 rm -rf .whl && mkdir -p .whl
 for name in "${PACKAGES[@]}"; do
     version=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/{print $2}')

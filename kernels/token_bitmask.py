@@ -74,10 +74,10 @@ def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: t
         return logits
     vocab = logits.shape[1]
     index = rows.long()
-    cols = torch.arange(vocab, device=logits.device)
-    words = cols // 32
-    in_mask = words < bitmask.shape[1]
-    word = bitmask[index][:, words.clamp(max=bitmask.shape[1] - 1)]  # [R, V]
-    allowed = ((word >> (cols % 32).to(torch.int32)) & 1).bool() & in_mask
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = ((bitmask[index].unsqueeze(-1) >> shifts) & 1).flatten(1)  # [R, 32 W], bit v of the row at column v
+    if bits.shape[1] < vocab:  # a mask narrower than the logits: the ids past it are not allowed
+        bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]))
+    allowed = bits[:, :vocab].bool()
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return logits
