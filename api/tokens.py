@@ -101,18 +101,17 @@ class PromptTokenizer:
         return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        """The template's text; `tools` (OpenAI tool objects) are passed only when given, as transformers'
-        apply_chat_template does, so a template's `tools is defined` reads the same."""
+        """The template's text; `tools` (OpenAI tool objects, or None) is always defined, as transformers'
+        apply_chat_template defines it, so a template's `tools is defined` / `tools is none` reads the same."""
         if self.template is None:
             raise bad_request("this model has no chat template; use /v1/completions", param="messages")
-        extra = {"tools": tools} if tools else {}
         try:
             return self.template.render(
                 messages=messages,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-                **extra,
+                tools=tools or None,
             )
         except (TemplateError, TypeError, ValueError, KeyError) as exc:  # a template's own arithmetic fails too
             # The model's template refused these messages (e.g. roles out of order).

@@ -102,3 +102,27 @@ def test_length_cut_keeps_finish_reason_length_and_the_text_as_content():
     choice = whole.body()["choices"][0]
     assert choice["finish_reason"] == "length"
     assert choice["message"] == {"role": "assistant", "content": text}
+
+
+def test_the_api_renders_tools_as_the_worker_does():
+    """The prompt count of a request with tools: the API's Jinja rendering against transformers' (the worker's)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from api.tokens import PromptTokenizer
+
+    template = (
+        "{{ (tools is defined)|string }}|{{ (tools is none)|string }}|{% for t in tools or [] %}{{ t.function.name }}"
+        "{{ t.function.parameters | tojson }}{% endfor %}|{% for m in messages %}{{ m.role }}:{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}"
+    )
+    backend = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    worker = PreTrainedTokenizerFast(tokenizer_object=backend)
+    worker.chat_template = template
+    api = PromptTokenizer.from_fields({"tokenizer_json": backend.to_str(), "chat_template": template})
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]  # fmt: skip
+    for given in (None, tools):
+        expected = worker.apply_chat_template(messages, tools=given, tokenize=False, add_generation_prompt=True)
+        assert api.render_chat(messages, given) == expected
