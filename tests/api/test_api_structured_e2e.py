@@ -2,9 +2,9 @@
 SmolLM2 on CPU, greedy, requests sent concurrently so the worker batches constrained and unconstrained
 sequences together.
 
-- 50 JSON Schemas of increasing difficulty (tests/api/structured_schemas.py), half whole through chat's
-  response_format, half streamed through completions' structured_outputs: every output validates under its
-  schema with `jsonschema` (formats checked too);
+- 50 JSON Schemas of increasing difficulty (tests/api/structured_schemas.py), each whole and streamed,
+  through chat's response_format and completions' structured_outputs: every output validates under its
+  schema with `jsonschema` (formats checked too), 100 requests at once;
 - regexes and choices, through completions and chat, whole and streamed;
 - the openai SDK: tools with a named, a required and an auto tool_choice, whole and streamed (deltas
   assembled by the SDK's stream helper), and response_format from a pydantic model (`parse`);
@@ -90,34 +90,35 @@ def _streamed(api: ThreadApi, url: str, body: dict) -> tuple[str, str]:
     return "".join(parts), finish
 
 
-def _schema_request(index: int, schema: dict) -> tuple[str, str]:
-    """Even schemas: whole chat with response_format; odd: streamed completion with structured_outputs."""
-    if index % 2 == 0:
+def _schema_request(index: int, schema: dict, stream: bool) -> tuple[str, dict]:
+    """Each schema twice, once whole and once streamed: through chat's response_format and completions'
+    structured_outputs, the endpoints alternating by schema."""
+    if (index + stream) % 2 == 0:
         fmt = {"type": "json_schema", "json_schema": {"name": f"s{index}", "schema": schema}}
         body = {"model": SERVED, "max_tokens": MAX_TOKENS, **GREEDY, "response_format": fmt,
                 "messages": [{"role": "user", "content": "Answer with JSON that fits the schema."}]}  # fmt: skip
-        return "chat", body
+        return "/v1/chat/completions", body
     body = {"model": SERVED, "max_tokens": MAX_TOKENS, **GREEDY, "prompt": "A JSON value:",
             "structured_outputs": {"json": schema}}  # fmt: skip
-    return "completion", body
+    return "/v1/completions", body
 
 
 def test_fifty_json_schemas_all_validate_whole_and_streamed(served):
-    def run(index: int) -> tuple[int, str, str]:
-        kind, body = _schema_request(index, SCHEMAS[index])
-        if kind == "chat":
-            return index, *_whole(served, "/v1/chat/completions", body)
-        return index, *_streamed(served, "/v1/completions", body)
+    def run(job: tuple[int, bool]) -> tuple[int, bool, str, str]:
+        index, stream = job
+        url, body = _schema_request(index, SCHEMAS[index], stream)
+        return index, stream, *(_streamed if stream else _whole)(served, url, body)
 
-    with ThreadPoolExecutor(len(SCHEMAS)) as pool:
-        results = list(pool.map(run, range(len(SCHEMAS))))
+    jobs = [(index, stream) for index in range(len(SCHEMAS)) for stream in (False, True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
     failures = []
-    for index, output, finish in results:
+    for index, stream, output, finish in results:
         try:
             assert finish == "stop", f"finish_reason {finish}"
             jsonschema.validate(json.loads(output), SCHEMAS[index], format_checker=jsonschema.FormatChecker())
         except (AssertionError, ValueError, jsonschema.ValidationError) as exc:
-            failures.append(f"schema {index}: {output!r}: {str(exc)[:200]}")
+            failures.append(f"schema {index} ({'streamed' if stream else 'whole'}): {output!r}: {str(exc)[:200]}")
     assert not failures, "\n".join(failures)
 
 
