@@ -126,3 +126,27 @@ def test_the_api_renders_tools_as_the_worker_does():
     for given in (None, tools):
         expected = worker.apply_chat_template(messages, tools=given, tokenize=False, add_generation_prompt=True)
         assert api.render_chat(messages, given) == expected
+
+
+def test_the_auto_parser_comes_from_the_template_unless_the_setting_names_one():
+    from tokenizers import Tokenizer, models
+
+    from api.output_plan import plan_output
+    from api.schemas import ChatCompletionRequest
+    from api.settings import ApiSettings
+    from api.tokens import PromptTokenizer
+
+    body = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "x"}],
+        tools=[{"type": "function", "function": {"name": "f"}}],
+    )  # fmt: skip
+    backend = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).to_str()
+    llama = PromptTokenizer.from_fields({"tokenizer_json": backend, "chat_template": "{{ '<|python_tag|>' }}"})
+    qwen = PromptTokenizer.from_fields({"tokenizer_json": backend, "chat_template": "<tool_call>{{ tools }}"})
+    assert plan_output(body, llama, ApiSettings()).meta_fields()["tool_parser"] == "llama3_json"
+    assert plan_output(body, qwen, ApiSettings()).meta_fields()["tool_parser"] == "hermes"
+    assert plan_output(body, None, ApiSettings()).meta_fields()["tool_parser"] == "hermes"
+    forced = ApiSettings(tool_parser="llama3_json")
+    assert plan_output(body, qwen, forced).meta_fields() == {
+        "constraint_field": "", "tool_mode": "auto", "tool_parser": "llama3_json", "tool_name": "",
+    }  # fmt: skip
