@@ -338,6 +338,8 @@ class LLMEngine:
         step's blocks are hashed only once its tokens are read."""
         for request in launched.requests:
             request.num_pending_tokens -= 1
+            if request.grammar is not None:  # its grammar may have taken this token ahead (async scheduling)
+                request.grammar.drop_ahead()
         for item in sched.scheduled:
             request = item.request
             if request.num_computed_tokens > item.num_computed_tokens:
@@ -425,11 +427,7 @@ def _step_graphs(config: EngineConfig) -> str:
 
 def _reads_history(params: SamplingParams) -> bool:
     """Sampling that reads the request's earlier tokens on the host: it needs the previous
-    step's tokens before it runs, so steps with such a request are not overlapped. A grammar's mask is such
-    sampling: the matcher must have taken the previous token before it fills the next mask."""
-    return (
-        params.repetition_penalty != 1.0
-        or bool(params.presence_penalty)
-        or bool(params.frequency_penalty)
-        or params.structured_output is not None
-    )
+    step's tokens before it runs, so steps with such a request are not overlapped. (A grammar's mask also
+    needs the previous token, but only on the host once the next forward is queued: ModelRunner reads it
+    then, so constrained requests keep the overlap.)"""
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)

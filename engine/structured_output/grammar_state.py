@@ -17,15 +17,35 @@ class GrammarState:
 
     def __init__(self, compiled: xgr.CompiledGrammar, prior_token_ids: list[int] = ()) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
+        # accept_ahead's verdict on the pending token it took, until the output processor reaches that token
+        self._ahead: bool | None = None
         self._probe = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
         for token in prior_token_ids:
             if not self._matcher.accept_token(int(token)):
                 raise ValueError(f"structured_output: the resumed output's token {token} breaks the constraint")
 
     def ends_after(self, token_id: int) -> bool:
-        """Advances past a sampled token; True when the output must end there: the grammar is complete and
-        allows no token but a stop token, or it rejected the token (the mask makes that impossible, but a
-        request never continues past a token its grammar did not take)."""
+        """Advances past a sampled token (unless accept_ahead already did); True when the output must end
+        there: the grammar is complete and allows no token but a stop token, or it rejected the token (the
+        mask makes that impossible, but a request never continues past a token its grammar did not take)."""
+        if self._ahead is not None:
+            verdict, self._ahead = self._ahead, None
+            return verdict
+        return self._advance(token_id)
+
+    def accept_ahead(self, token_id: int) -> None:
+        """Takes a token the host has not yet processed (async scheduling: the next step's mask needs it);
+        ends_after of that token then returns this verdict without advancing again."""
+        if self._ahead is None:
+            self._ahead = self._advance(token_id)
+
+    def drop_ahead(self) -> None:
+        """Undoes accept_ahead for a token that will never be processed (a step rolled back after a failure)."""
+        if self._ahead is not None:
+            self._ahead = None
+            self._matcher.rollback(1)
+
+    def _advance(self, token_id: int) -> bool:
         if not self._matcher.accept_token(token_id):
             return True
         if self._matcher.is_terminated():

@@ -32,8 +32,9 @@ class MaskBuffers:
 
 def apply_grammar_masks(logits: torch.Tensor, requests: list[Request], buffers: MaskBuffers) -> torch.Tensor:
     """logits [S, V] float (in place): each constrained row's forbidden tokens at -inf. The requests' grammar
-    states must hold every token sampled so far (constrained requests run synchronous steps)."""
-    rows = [row for row, request in enumerate(requests) if request.grammar is not None]
+    states hold every token sampled before this step (ModelRunner._catch_up_grammars under async scheduling)."""
+    # a grammar already ended (its request finishes when its last token is processed) fills no mask
+    rows = [row for row, r in enumerate(requests) if r.grammar is not None and not r.grammar.is_terminated]
     if not rows:
         return logits
     num_words = (logits.shape[1] + 31) // 32

@@ -165,3 +165,45 @@ def test_structured_output_is_checked_naming_the_field():
     ):
         with pytest.raises(ValueError, match=match):
             SamplingParams(structured_output=value)
+
+
+def test_async_scheduling_gives_the_same_constrained_tokens(engine, monkeypatch):
+    """Under async scheduling the runner hands each constrained request's pending token to its grammar once the
+    next forward is queued; the tokens equal the synchronous run's, token for token."""
+    requests = {
+        "schema": (_prompt(engine, "A person as JSON."),
+                   SamplingParams(max_tokens=60, temperature=0.8, seed=5, structured_output={"json": SCHEMA})),
+        "regex": (_prompt(engine, "Give a date."),
+                  SamplingParams(max_tokens=20, temperature=0.0, structured_output={"regex": r"20[0-9]{2}-[01][0-9]"})),
+        "free": (_prompt(engine, "Say hello."), SamplingParams(max_tokens=12, temperature=0.0)),
+    }  # fmt: skip
+    synchronous = run(engine, requests)
+    taken_ahead = []
+    accept_ahead = GrammarState.accept_ahead
+    monkeypatch.setattr(
+        GrammarState, "accept_ahead", lambda self, token: taken_ahead.append(token) or accept_ahead(self, token)
+    )
+    engine.async_scheduling = True
+    try:
+        overlapped = run(engine, {f"{rid}-async": value for rid, value in requests.items()})
+        assert not engine.live.sync_ids
+    finally:
+        engine.async_scheduling = False
+    for request_id in requests:
+        assert overlapped[f"{request_id}-async"] == synchronous[request_id], request_id
+    assert len(taken_ahead) > 20  # the grammars took their pending tokens while the next step was queued
+    jsonschema.validate(json.loads(synchronous["schema"][0][1]), SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def choice_state(engine):
+    return lambda: GrammarState(engine.grammar_service().compile_now(("choice", json.dumps(["ab", "ac"]))))
+
+
+def test_drop_ahead_undoes_the_token_taken_ahead(engine, choice_state):
+    state = choice_state()
+    first = engine.tokenizer.encode("a", add_special_tokens=False)
+    assert len(first) == 1
+    state.accept_ahead(first[0])
+    state.drop_ahead()
+    assert state.ends_after(first[0]) is False  # taken again from the start: the grammar is where it was
