@@ -207,3 +207,21 @@ def test_drop_ahead_undoes_the_token_taken_ahead(engine, choice_state):
     state.accept_ahead(first[0])
     state.drop_ahead()
     assert state.ends_after(first[0]) is False  # taken again from the start: the grammar is where it was
+
+
+def test_logprobs_stay_raw_and_penalties_still_apply(engine):
+    prompt = _prompt(engine, "Is the sky blue?")
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=5, structured_output={"choice": ["yes!", "no way"]})
+    engine.add_request("lp", prompt, params)
+    logprobs = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            logprobs += out.new_logprobs or []
+    allowed = {engine.tokenizer.encode(text, add_special_tokens=False)[0] for text in ("yes!", "no way")}
+    first = logprobs[0]
+    assert first.token_id in allowed and len(first.top) == 5
+    assert set(first.top) - allowed  # the alternatives are the model's own, tokens the grammar forbids included
+    penalized = SamplingParams(max_tokens=40, temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5,
+                               structured_output={"regex": r"[a-z]{3,8}( [a-z]{3,8}){2,5}\."})  # fmt: skip
+    text = run(engine, {"pen": (_prompt(engine, "Write words."), penalized)})["pen"][0][1]
+    assert re.fullmatch(r"[a-z]{3,8}( [a-z]{3,8}){2,5}\.", text), text
