@@ -222,8 +222,10 @@ class LLMEngine:
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is now compiled go to the scheduler; those whose constraint failed end with
-        an error naming its field, before any token."""
-        ready, failed = self._grammar_wait.poll()
+        an error naming its field, before any token. An engine with nothing else to do waits a few ms for a
+        compile instead of spinning."""
+        idle = not self.scheduler.has_unfinished() and not self._in_flight
+        ready, failed = self._grammar_wait.poll(idle_wait_s=0.005 if idle else 0.0)
         for request in ready:
             self.scheduler.add_request(request)
         outputs = []

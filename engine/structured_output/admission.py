@@ -4,7 +4,7 @@ stalls the engine loop or the other requests."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from engine.request import Request
@@ -33,9 +33,14 @@ class GrammarWaitList:
     def add(self, kind: str, future: Future, requests: list[Request]) -> None:
         self._waiting.append(_Waiting(kind, future, requests))
 
-    def poll(self) -> tuple[list[Request], list[tuple[Request, str]]]:
+    def poll(self, idle_wait_s: float = 0.0) -> tuple[list[Request], list[tuple[Request, str]]]:
         """(requests now ready, each with its grammar state, replaying any resumed output; (request, error)
-        for those whose constraint failed or ran out of time). Requests finished meanwhile (aborted) drop out."""
+        for those whose constraint failed or ran out of time). Requests finished meanwhile (aborted) drop out.
+
+        idle_wait_s: when the engine has nothing else to run, wait up to this long for a compile to end
+        rather than spin through empty steps (which would also hold the GIL from the compile threads)."""
+        if idle_wait_s > 0 and self._waiting:
+            wait([entry.future for entry in self._waiting], timeout=idle_wait_s, return_when=FIRST_COMPLETED)
         ready: list[Request] = []
         failed: list[tuple[Request, str]] = []
         still: list[_Waiting] = []
