@@ -15,6 +15,7 @@ import anyio
 from fastapi import Request
 
 from api import attachments
+from api.constraint_errors import constraint_failure, is_constraint_failure
 from api.errors import SERVER_ERROR, ApiError
 from api.events import BrokenEventStream, NotStarted
 from api.logprob_format import token_texts
@@ -35,6 +36,8 @@ async def _collect(state: AppState, accepted: Accepted, answer: WholeResponse) -
                 await state.admission.release(accepted.meta.request_id)
         if observer is not None:
             observer.on_event(event.type, len(event.token_ids or []), time.monotonic())
+        if is_constraint_failure(accepted.meta, event):
+            raise constraint_failure(accepted.meta, event)
         if event.type == "error" or (event.type == "done" and event.finish_reason not in OPENAI_FINISH_REASONS):
             if event.finish_reason == CANCELLED:
                 raise ApiError(499, cancelled_message(accepted.meta.request_id), code="request_cancelled")

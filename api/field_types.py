@@ -40,6 +40,11 @@ MAX_TOP_K = _limits.SAMPLING_LIMITS["top_k"][1]
 MAX_TEMPERATURE = _limits.SAMPLING_LIMITS["temperature"][1]
 MAX_PENALTY = _limits.SAMPLING_LIMITS["presence_penalty"][1]
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = _limits.SAMPLING_LIMITS["repetition_penalty"]
+# Structured output and tools (the contract of params.structured_output and the message's tools).
+MAX_STRUCTURED_OUTPUT_CHARS = _limits.MAX_STRUCTURED_OUTPUT_CHARS  # the constraint value's JSON text
+MAX_CHOICES = _limits.MAX_CHOICES
+MAX_CHOICE_CHARS = _limits.MAX_CHOICE_CHARS
+MAX_TOOLS = _limits.MAX_TOOLS
 # The engine samples greedily below this temperature (vLLM's rule: dividing logits by a
 # subnormal temperature overflows them).
 GREEDY_BELOW_TEMPERATURE = 1e-5

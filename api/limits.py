@@ -14,13 +14,25 @@ from api.errors import bad_request
 from api.field_types import logit_bias_token
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.settings import ApiSettings
+from api.structured_output import INVALID_CONSTRAINT
+from api.tool_request import INVALID_TOOLS, UNKNOWN_TOOL
 from worker.protocol import ModelInfo
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 OUTSIDE_VOCABULARY = "token_outside_vocabulary"
 MIN_TOKENS_OVER_MAX_TOKENS = "min_tokens_over_max_tokens"
 MAX_TOKENS_OVER_LIMIT = "max_tokens_over_limit"
-MODEL_LIMIT_CODES = (CONTEXT_LENGTH_EXCEEDED, OUTSIDE_VOCABULARY, MIN_TOKENS_OVER_MAX_TOKENS, MAX_TOKENS_OVER_LIMIT)
+# NOTE: with them, the refusals of a constraint or tools the document admits by shape but that are not valid
+# (a schema that is no JSON Schema, a regex that does not compile, tool_choice naming no tool: api/output_plan.py).
+MODEL_LIMIT_CODES = (
+    CONTEXT_LENGTH_EXCEEDED,
+    OUTSIDE_VOCABULARY,
+    MIN_TOKENS_OVER_MAX_TOKENS,
+    MAX_TOKENS_OVER_LIMIT,
+    INVALID_CONSTRAINT,
+    UNKNOWN_TOOL,
+    INVALID_TOOLS,
+)
 
 
 @dataclass(frozen=True)

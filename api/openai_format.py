@@ -21,6 +21,7 @@ from typing import Any
 
 from api.logprob_format import CompletionLogprobs, Entry, TextOffsets, TokenTexts, chat_content, parse_entries
 from api.request_meta import CHAT, RequestMeta
+from api.tool_output import ChoiceToolCalls, reads_tool_calls, whole_message
 from worker.protocol import ResultEvent
 
 # The finish reasons OpenAI's clients know. The wire's other two never reach a client as one: "abort" (the
@@ -76,6 +77,7 @@ class ChunkFormatter:
         self._role_sent: set[int] = set()
         self._offsets: dict[int, TextOffsets] = {}  # per choice, from its first event on
         self._echo: str | None = None
+        self._tool_calls: dict[int, ChoiceToolCalls] = {}  # per choice, when the output is read for tool calls
         self.done: list[ResultEvent] = []
         self.completion_tokens = 0
 
@@ -98,7 +100,9 @@ class ChunkFormatter:
             if index not in self._role_sent:
                 delta["role"] = "assistant"
                 self._role_sent.add(index)
-            if event.type == "token" or "role" in delta:
+            if reads_tool_calls(self.meta):
+                finish = self._tool_delta(delta, event, text, finish)
+            elif event.type == "token" or "role" in delta:
                 delta["content"] = text
             entries = parse_entries(event.logprobs) if self.meta.logprobs is not None else []
             logprobs = {"content": chat_content(entries, self.texts)} if entries else None
@@ -122,6 +126,18 @@ class ChunkFormatter:
         if self.meta.include_usage:
             out["usage"] = None
         return out
+
+    def _tool_delta(self, delta: dict[str, Any], event: ResultEvent, text: str, finish: str | None) -> str | None:
+        """Fill a chat delta from the choice's tool-call reader; the choice's finish reason."""
+        reader = self._tool_calls.get(event.index)
+        if reader is None:
+            reader = self._tool_calls[event.index] = ChoiceToolCalls(self.meta, event.index)
+        content, calls = reader.feed(text) if event.type == "token" else reader.close()
+        if content or ("role" in delta and not calls):
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        return reader.finish_reason(finish) if event.type == "done" else finish
 
     def _echo_text(self) -> str:
         if self._echo is None:
@@ -175,9 +191,13 @@ class WholeResponse:
             text = "".join(c.text)
             if self.meta.kind == CHAT:
                 logprobs = {"content": chat_content(c.entries, self.texts)} if want_logprobs and c.entries else None
-                message = {"role": "assistant", "content": text}
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                finish_reason = c.finish_reason
+                if reads_tool_calls(self.meta):
+                    message, reader = whole_message(self.meta, index, text)
+                    finish_reason = reader.finish_reason(finish_reason)
                 choices.append(
-                    {"index": index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}
+                    {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
                 )
             else:
                 logprobs = CompletionLogprobs.empty().add(c.prompt_entries or [], self.texts, TextOffsets())

@@ -7,6 +7,7 @@ message and are answered with the same body.
 
 from __future__ import annotations
 
+from api.output_plan import NO_PLAN, OutputPlan
 from api.request_meta import CHAT, COMPLETION, RequestMeta
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.tokens import PromptTokenizer
@@ -18,7 +19,7 @@ def kind_of(body: ChatCompletionRequest | CompletionRequest) -> str:
 
 
 def prompt_token_count(
-    tokenizer: PromptTokenizer | None, body: ChatCompletionRequest | CompletionRequest
+    tokenizer: PromptTokenizer | None, body: ChatCompletionRequest | CompletionRequest, tools: list | None = None
 ) -> int | None:
     """The prompt's tokens as the engine will count them; None when no tokenizer is published (not checked)."""
     if isinstance(body, CompletionRequest):
@@ -26,7 +27,7 @@ def prompt_token_count(
         if isinstance(prompt, list):
             return len(prompt)
         return None if tokenizer is None else tokenizer.count_text(prompt)
-    return None if tokenizer is None else tokenizer.count_chat(body.wire_messages())
+    return None if tokenizer is None else tokenizer.count_chat(body.wire_messages(), tools)
 
 
 def _wire_prompt(body: ChatCompletionRequest | CompletionRequest) -> dict:
@@ -47,8 +48,10 @@ def build_request(
     max_tokens: int,
     result_stream: str,
     priority: int,
+    plan: OutputPlan = NO_PLAN,
 ) -> tuple[RequestMeta, RequestMessage]:
-    """The request's meta and its message (deadline and created are stamped by the sender)."""
+    """The request's meta and its message (deadline and created are stamped by the sender); `plan` carries the
+    checked output constraint and tools (api/output_plan.py)."""
     meta = RequestMeta(
         request_id=request_id,
         owner=owner,
@@ -61,11 +64,16 @@ def build_request(
         prompt_tokens=prompt_tokens,
         result_stream=result_stream,
         **body.echo_fields(max_tokens),
+        **plan.meta_fields(),
     )
+    params = body.engine_params(max_tokens, body.engine_logprobs())
+    if plan.constraint is not None:
+        params["structured_output"] = plan.constraint
     message = RequestMessage(
         id=request_id,
-        params=body.engine_params(max_tokens, body.engine_logprobs()),
+        params=params,
         priority=priority,
         **_wire_prompt(body),
+        **plan.message_fields(),
     )
     return meta, message

@@ -31,6 +31,13 @@ class RequestMeta:
         result_stream: the wire result stream name.
         echo: the prompt as JSON (its text, or its token ids) when a completion echoes it; None otherwise.
         output_hidden: echo with max_tokens 0: the one token the engine generates is not shown (the prompt alone).
+        tool_mode: how the output is read for tool calls: "" (no tools), "none", "auto", "required", "named"
+            (api/tool_request.py).
+        tool_parser: the format "auto" reads ("hermes", "llama3_json"; api/tool_parsers/).
+        tool_name: the function a named tool_choice forces.
+        constraint_field: the request field whose structured output constraint the worker enforces ("" for
+            none): a constraint the worker cannot compile is a 400 naming it, streamed or not (the stream's
+            headers wait for the first event).
     """
 
     request_id: str
@@ -45,6 +52,10 @@ class RequestMeta:
     result_stream: str
     echo: str | None = None
     output_hidden: bool = False
+    tool_mode: str = ""
+    tool_parser: str = ""
+    tool_name: str = ""
+    constraint_field: str = ""
 
     def to_fields(self) -> dict[str, str]:
         fields = {k: str(v) for k, v in asdict(self).items() if v is not None}
@@ -67,6 +78,10 @@ class RequestMeta:
             result_stream=fields["result_stream"],
             echo=fields.get("echo"),
             output_hidden=fields.get("output_hidden") == "1",
+            tool_mode=fields.get("tool_mode", ""),
+            tool_parser=fields.get("tool_parser", ""),
+            tool_name=fields.get("tool_name", ""),
+            constraint_field=fields.get("constraint_field", ""),
         )
 
 

@@ -31,9 +31,21 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: str
+    function: CalledFunction
+
+
 class AssistantMessage(BaseModel):
     role: str
-    content: str
+    content: str | None  # null when the answer is tool calls alone
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -122,7 +134,8 @@ def completion_responses(model: type[BaseModel], model_limit_codes: tuple[str, .
         "served model or a comparison between fields it cannot state, answered with one of these codes: "
         + ", ".join(model_limit_codes)
         + " (prompt + max_tokens over the context, a token id outside the vocabulary, min_tokens over max_tokens, "
-        "max_tokens over the server's limit)"
+        "max_tokens over the server's limit, a structured output constraint or tool parameters that are no valid "
+        "JSON Schema or regex the grammar engine enforces, a tool_choice naming no tool)"
     )
     return ok | errors
 

@@ -14,7 +14,7 @@ from api.limits import MODEL_LIMIT_CODES
 from api.responses import ChatCompletion, Completion, ModelCard, ModelList, completion_responses, error_responses
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, app_state
-from api.streaming import relay, sse_response
+from api.streaming import held_until_first_event, relay, sse_response
 from api.submit import submit
 
 router = APIRouter()
@@ -42,6 +42,12 @@ async def _answer(
         events = relay(
             state, accepted.meta, accepted.source, observer=accepted.observer, release_admission=accepted.is_new
         )
+        if accepted.meta.constraint_field:
+            try:
+                events = await held_until_first_event(events)
+            except ApiError as err:
+                err.headers.update({"X-Request-Id": accepted.meta.request_id})
+                raise
         return sse_response(state, accepted.meta, events)
     request_id_header = {"X-Request-Id": accepted.meta.request_id}
     try:

@@ -2,8 +2,9 @@
 
 Decisions (a vLLM/OpenAI user would expect these):
 - Unknown fields are ignored, as OpenAI does. Fields of features inferq does not
-  implement (tools, functions, response_format other than text, audio, suffix, ...)
-  are rejected with a 400 that names the field, never silently dropped.
+  implement (functions, audio, suffix, ...) are rejected with a 400 that names the field,
+  never silently dropped. Structured output (response_format, structured_outputs, guided_*)
+  is declared in api/structured_output.py, tools in api/tool_request.py.
 - Completions' `echo` returns the prompt before the output, with the prompt's logprobs
   when `logprobs` is set (the first token's null), as vLLM does; completions' `max_tokens: 0`
   returns no output (with echo: the prompt and its logprobs alone, lm-eval's log-likelihood
@@ -52,6 +53,7 @@ from api.field_types import (
     MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
     MAX_TOKEN_ID,
+    MAX_TOOLS,
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
     SEED_BOUND,
@@ -60,7 +62,9 @@ from api.field_types import (
     number,
     token_ids,
 )
-from api.unsupported import invalid_unicode_path, is_one_of, reject_unsupported, unsupported_properties
+from api.structured_output import ConstraintFields
+from api.tool_request import Tool, ToolChoice, wire_tool_calls
+from api.unsupported import invalid_unicode_path, reject_unsupported, unsupported_properties
 
 StopString = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
 MaxTokens = integer(1, description="At least 1; prompt + max_tokens must fit the model's context (max_model_len).")
@@ -113,11 +117,11 @@ def _requires(field: str, partner: str, value: Any) -> dict[str, Any]:
     }
 
 
-def _publish_rules(*rules: dict[str, Any]) -> Any:
+def _publish_rules(*rules: dict[str, Any], unsupported: dict[str, tuple[Any, ...]] | None = None) -> Any:
     """A model's json_schema_extra: the undeclared unsupported fields, and the rules between fields."""
 
     def extra(schema: dict[str, Any]) -> None:
-        for name, prop in unsupported_properties().items():
+        for name, prop in unsupported_properties(unsupported or {}).items():
             schema["properties"].setdefault(name, prop)
         if rules:
             schema["allOf"] = list(rules)
@@ -130,7 +134,7 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(ConstraintFields):
     """Fields shared by chat and completion requests."""
 
     model_config = ConfigDict(extra="ignore")
@@ -153,6 +157,8 @@ class SamplingFields(BaseModel):
     ignore_eos: StrictBool = False
     min_tokens: MinTokens = 0  # type: ignore[valid-type]
     skip_special_tokens: StrictBool = True
+    # false opts the request out of speculative decoding where the worker runs it (docs/speculative-decoding.md)
+    speculative: StrictBool = True
     priority: Priority = 0  # type: ignore[valid-type]
     stream: StrictBool = False
     stream_options: StreamOptions | None = Field(None, description="Only when stream is true.")
@@ -220,13 +226,11 @@ class SamplingFields(BaseModel):
             params["ignore_eos"] = True
         if not self.skip_special_tokens:
             params["skip_special_tokens"] = False
+        if not self.speculative:
+            params["speculative"] = False
         if logprobs is not None:
             params["logprobs"] = logprobs
         return params
-
-
-def _publish_tool_calls(schema: dict[str, Any]) -> None:
-    schema["properties"]["tool_calls"] = {"enum": [None, []], "description": "Not supported: only null or []."}
 
 
 class TextPart(BaseModel):
@@ -235,21 +239,50 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", json_schema_extra=lambda schema: _publish_tool_calls(schema))
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    arguments: StrictStr
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
+
+class MessageToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, as the client sends it back."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Annotated[StrictStr, Field(max_length=256)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+def _publish_message_rules(schema: dict[str, Any]) -> None:
+    """JSON Schema of the rules `ChatMessage._content_or_calls` checks: content is required but on an assistant
+    message with tool calls, and only assistant messages carry tool calls."""
+    no_calls = {"properties": {"tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}
+    assistant = {"properties": {"role": {"const": "assistant"}}, "required": ["role"]}
+    with_calls = {"properties": {"tool_calls": {"type": "array", "minItems": 1}}, "required": ["tool_calls"]}
+    content = {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]}
+    schema["allOf"] = [{"anyOf": [no_calls, assistant]}, {"anyOf": [content, {"allOf": [assistant, with_calls]}]}]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_publish_message_rules)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)] | None = Field(
+        None, description="Required except on an assistant message with tool_calls."
+    )
     name: Annotated[StrictStr, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description="Assistant messages only."
+    )
+    tool_call_id: Annotated[StrictStr, Field(max_length=256)] | None = Field(None, description="Tool messages only.")
 
     @model_validator(mode="before")
     @classmethod
     def _unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if data.get("role") in ("tool", "function"):
-                raise FieldError("role", f"role '{data['role']}' is not supported (tools are not supported)")
-            if "tool_calls" in data and not is_one_of(data["tool_calls"], (None, [])):
-                raise FieldError("tool_calls", "tool calls are not supported")
+            if data.get("role") == "function":
+                raise FieldError("role", "role 'function' is not supported (use tools and role 'tool')")
             content = data.get("content")
             if isinstance(content, list):
                 for part in content:
@@ -258,10 +291,34 @@ class ChatMessage(BaseModel):
                         raise FieldError("content", f"content parts of type {kind!r} are not supported, only 'text'")
         return data
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise FieldError("tool_calls", "only assistant messages carry tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise FieldError("content", "required (only an assistant message with tool_calls may leave it out)")
+        return self
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def wire(self) -> dict[str, Any]:
+        """The message as the protocol carries it. OpenAI's "developer" role is what open models'
+        templates call "system"."""
+        # NOTE: an assistant turn of tool calls alone has content null; the template gets "" (as falsy as None to
+        # templates that test it, and templates that concatenate it, SmolLM2's, do not fail on it).
+        text = self.text()
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": "" if text is None else text}
+        if self.tool_calls:
+            message["tool_calls"] = wire_tool_calls([call.model_dump() for call in self.tool_calls])
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.role == "tool" and self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -275,6 +332,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: MaxTokens | None = None  # type: ignore[valid-type]
     logprobs: StrictBool = False
     top_logprobs: TopLogprobs | None = None  # type: ignore[valid-type]
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = Field(None, description="Default: auto with tools, none without.")
+    parallel_tool_calls: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -297,12 +357,9 @@ class ChatCompletionRequest(SamplingFields):
     def engine_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def wire_messages(self) -> list[dict[str, str]]:
-        """Messages as the protocol carries them ({role, content} with text content).
-
-        OpenAI's "developer" role is what open models' templates call "system".
-        """
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def wire_messages(self) -> list[dict[str, Any]]:
+        """Messages as the protocol carries them ({role, content} with text content, and tool calls)."""
+        return [m.wire() for m in self.messages]
 
 
 PromptText = Annotated[StrictStr, Field(min_length=1)]
@@ -322,10 +379,14 @@ def _best_of_equals_n() -> dict[str, Any]:
     return {"anyOf": [first, *rest]}
 
 
+# NOTE: tools are a chat feature (the chat template renders them); a completion refuses them by name.
+_COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {"tools": (None, []), "tool_choice": (None, "none")}
+
+
 class CompletionRequest(SamplingFields):
     model_config = ConfigDict(
         json_schema_extra=_publish_rules(
-            _best_of_equals_n(), _requires("stream_options", "stream", True)
+            _best_of_equals_n(), _requires("stream_options", "stream", True), unsupported=_COMPLETION_UNSUPPORTED
         )
     )
 
@@ -350,7 +411,7 @@ class CompletionRequest(SamplingFields):
             prompt = data.get("prompt")
             if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
                 raise FieldError("prompt", f"got {len(prompt)} prompts; send one prompt per request")
-        return reject_unsupported(data, {"suffix": (None, "")})
+        return reject_unsupported(data, {"suffix": (None, ""), **_COMPLETION_UNSUPPORTED})
 
     @model_validator(mode="after")
     def _best_of(self) -> CompletionRequest:

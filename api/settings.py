@@ -98,6 +98,8 @@ class ApiSettings(BaseSettings):
 
     # Model: empty means "whatever the workers serve" (read from Redis).
     served_model_name: str = ""
+    # How tool_choice "auto" output is read: "" picks from the model's chat template (api/tool_parsers/).
+    tool_parser: Literal["", "hermes", "llama3_json"] = ""
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod

@@ -33,13 +33,15 @@ from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse
 
 from api import attachments
-from api.errors import INVALID_REQUEST, SERVER_ERROR, error_body
+from api.constraint_errors import constraint_failure, is_constraint_failure
+from api.errors import INVALID_REQUEST, SERVER_ERROR, ApiError, error_body
 from api.events import BrokenEventStream, EventSource, NotStarted
 from api.logprob_format import token_texts
 from api.metrics import RequestObserver
 from api.openai_format import CANCELLED, OPENAI_FINISH_REASONS, ChunkFormatter, cancelled_message, usage_of
 from api.request_meta import RequestMeta
 from api.state import AppState
+from api.structured_output import INVALID_CONSTRAINT
 from worker.protocol import ResultEvent
 
 log = logging.getLogger("inferq.api")
@@ -62,6 +64,8 @@ def _end_event(meta: RequestMeta, event: ResultEvent) -> dict[str, Any]:
     if event.type == "done" and event.finish_reason == CANCELLED:
         body = error_body(cancelled_message(meta.request_id), type=INVALID_REQUEST, code="request_cancelled")
         return {"id": str(event.seq), "data": json.dumps(body)}
+    if is_constraint_failure(meta, event):
+        return {"id": str(event.seq), "data": json.dumps(constraint_failure(meta, event).body())}
     return _error_event(event.error or "generation failed", "generation_error", event.seq)
 
 
@@ -163,6 +167,32 @@ async def _leave(state: AppState, meta: RequestMeta, source: EventSource, comple
         return
     if not complete and remaining <= 0:
         attachments.cancel_after_grace(state, meta.request_id, meta.result_stream, meta.n)
+
+
+async def held_until_first_event(
+    events: AsyncIterator[dict[str, Any] | bytes],
+) -> AsyncIterator[dict[str, Any] | bytes]:
+    """`events` once their first one is known: a constraint the worker could not compile is raised as the 400
+    it is (the response has not started), anything else starts the stream with it.
+
+    NOTE: only a constrained stream waits (its worker compiles the constraint before its first token; the wait
+    is the time to that token, which the client waits for anyway). A keep-alive first (a long queue) starts the
+    stream: a failure after it is an SSE error event with the same envelope and code."""
+    first = await anext(events)
+    if isinstance(first, dict):
+        error = json.loads(first.get("data", "null"))
+        error = error.get("error") if isinstance(error, dict) else None
+        if isinstance(error, dict) and error.get("code") == INVALID_CONSTRAINT:
+            async for _ in events:  # runs the relay to its end: the request is over
+                pass
+            raise ApiError(400, error["message"], param=error.get("param"), code=INVALID_CONSTRAINT)
+
+    async def started() -> AsyncIterator[dict[str, Any] | bytes]:
+        yield first
+        async for event in events:
+            yield event
+
+    return started()
 
 
 def sse_response(state: AppState, meta: RequestMeta, events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:

@@ -79,6 +79,7 @@ class PromptTokenizer:
     eos_token: str
     digest: str
     special_pattern: re.Pattern[str] | None  # the special tokens' texts (encoded as text inside messages)
+    chat_template: str = ""  # its text (which tool call format the model was taught: api/tool_parsers/)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> PromptTokenizer:
@@ -92,13 +93,16 @@ class PromptTokenizer:
             eos_token=fields.get("eos_token", ""),
             digest=fields.get("sha256", ""),
             special_pattern=compile_special_pattern(specials),
+            chat_template=fields.get("chat_template", ""),
         )
 
     def count_text(self, text: str) -> int:
         """Tokens of a completion prompt (special tokens added, as engine.encode does)."""
         return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The template's text; `tools` (OpenAI tool objects, or None) is always defined, as transformers'
+        apply_chat_template defines it, so a template's `tools is defined` / `tools is none` reads the same."""
         if self.template is None:
             raise bad_request("this model has no chat template; use /v1/completions", param="messages")
         try:
@@ -107,24 +111,25 @@ class PromptTokenizer:
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=tools or None,
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError, KeyError) as exc:  # a template's own arithmetic fails too
             # The model's template refused these messages (e.g. roles out of order).
             raise bad_request(f"messages: the chat template rejected them: {exc}", param="messages") from None
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt's token ids, as engine/tokenizer.py's apply_chat_template gives them."""
         if self.special_pattern is None or not mentions(messages, self.special_pattern):
-            return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+            return self.tokenizer.encode(self.render_chat(messages, tools), add_special_tokens=False).ids
         masked = MaskedMessages(messages, self.special_pattern)
         return masked.encode(
-            self.render_chat(masked.messages),
+            self.render_chat(masked.messages, tools),
             lambda s: self.tokenizer.encode(s, add_special_tokens=False).ids,
             lambda s: plain_text_ids(self.tokenizer, s),
         )
 
-    def count_chat(self, messages: list[dict[str, str]]) -> int:
-        return len(self.chat_ids(messages))
+    def count_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        return len(self.chat_ids(messages, tools))
 
 
 class TokenizerCache:

@@ -1,7 +1,8 @@
 """Request content inferq refuses before validating types: unsupported OpenAI features, broken text.
 
-Refusing by name (400 "'tools' is not supported by this server") tells a client what to change;
-silently ignoring `tools` or `response_format` would return an answer of the wrong kind.
+Refusing by name (400 "'functions' is not supported by this server") tells a client what to change;
+silently ignoring `functions` or `audio` would return an answer of the wrong kind. (`tools`,
+`response_format` and the `guided_*` fields are served: api/tool_request.py, api/structured_output.py.)
 These checks run on the raw JSON object, before pydantic, so they also hold for fields the
 request models do not declare.
 """
@@ -15,17 +16,11 @@ from api.errors import FieldError
 
 # Fields of OpenAI features this server does not implement, and the values that mean "not used".
 _UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "audio": (None,),
     "prediction": (None,),
     "web_search_options": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
 }
 
 
@@ -41,27 +36,17 @@ def reject_unsupported(data: Any, extra: dict[str, tuple[Any, ...]]) -> Any:
     for name, allowed in {**_UNSUPPORTED_COMMON, **extra}.items():
         if name in data and not is_one_of(data[name], allowed):
             raise FieldError(name, f"'{name}' is not supported by this server")
-    fmt = data.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and is_one_of(fmt.get("type"), ("text",))):
-        raise FieldError("response_format", 'only {"type": "text"} is supported')
     modalities = data.get("modalities")
     if modalities is not None and not is_one_of(modalities, (["text"],)):
         raise FieldError("modalities", 'only ["text"] is supported')
     return data
 
 
-def unsupported_properties() -> dict[str, dict[str, Any]]:
-    """The published schema of the fields above: each admits only its "not used" values."""
+def unsupported_properties(extra: dict[str, tuple[Any, ...]]) -> dict[str, dict[str, Any]]:
+    """The published schema of the fields above (and `extra`): each admits only its "not used" values."""
     properties: dict[str, dict[str, Any]] = {
         name: {"enum": list(allowed), "description": f"Not supported by this server: only {json.dumps(list(allowed))}."}
-        for name, allowed in _UNSUPPORTED_COMMON.items()
-    }
-    properties["response_format"] = {
-        "anyOf": [
-            {"type": "null"},
-            {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]},
-        ],
-        "description": 'Only {"type": "text"} is supported.',
+        for name, allowed in {**_UNSUPPORTED_COMMON, **extra}.items()
     }
     properties["modalities"] = {"anyOf": [{"type": "null"}, {"const": ["text"]}], "description": 'Only ["text"].'}
     return properties

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from api.errors import bad_request, validation_error
 from api.limits import check_token_ids, token_budget
 from api.model_info import require_model
+from api.output_plan import NO_PLAN, asks_for_output_checks, plan_output
 from api.request_build import build_request, prompt_token_count
 from api.request_meta import RequestMeta
 from api.schemas import ChatCompletionRequest, CompletionRequest
@@ -54,7 +55,9 @@ def prepare(
     body = parse_body(endpoint, raw)
     info, model_name = require_model(served.info, settings.served_model_name, body.model)
     check_token_ids(info, body)
-    prompt_tokens = prompt_token_count(served.tokenizer, body)
+    # structured output and tools are checked as the HTTP route checks them (api/output_plan.py)
+    plan = plan_output(body, served.tokenizer, settings) if asks_for_output_checks(body) else NO_PLAN
+    prompt_tokens = prompt_token_count(served.tokenizer, body, plan.tools.tools if plan.tools else None)
     budget = token_budget(info, settings, body, prompt_tokens)
     return build_request(
         body,
@@ -66,4 +69,5 @@ def prepare(
         max_tokens=budget.max_tokens,
         result_stream=wire.result(request_id),
         priority=priority,
+        plan=plan,
     )

@@ -12,7 +12,7 @@ PACKAGES=(redis hiredis fastapi starlette uvicorn sse-starlette pydantic pydanti
           python-dotenv annotated-types annotated-doc typing-inspection typing-extensions httpx httpcore anyio
           sniffio idna certifi h11 click prometheus-client jinja2 markupsafe opentelemetry-api uvloop httptools
           celery kombu billiard vine amqp click-didyoumean click-repl click-plugins prompt-toolkit wcwidth
-          python-dateutil six tzlocal packaging python-multipart)
+          python-dateutil six tzlocal packaging python-multipart xgrammar apache-tvm-ffi)
 rm -rf .whl && mkdir -p .whl
 for name in "${PACKAGES[@]}"; do
     version=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/{print $2}')

@@ -28,6 +28,9 @@ from engine.request_checks import check_prompt, split_priors
 from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.speculator import build_speculator
+from engine.structured_output.admission import GrammarWaitList
+from engine.structured_output.compiler import GrammarCompileService
+from engine.structured_output.constraint import constraint_key
 from engine.tokenizer import (
     apply_chat_template,
     eos_token_ids,
@@ -122,6 +125,11 @@ class LLMEngine:
         self.last_step = StepRecord()
         self._num_steps = 0
         self._num_prompt_computed = 0
+        # structured output: the compiler is built on the first constrained request (xgrammar's tokenizer
+        # tables take a second), then kept; grammar_compile_timeout_s bounds each request's wait
+        self.grammar_compile_timeout_s = 10.0
+        self._grammars: GrammarCompileService | None = None
+        self._grammar_wait: GrammarWaitList | None = None
         logger.info(
             "engine ready: %s on %s (%s), max_model_len %d, kernels %s, PDL %s, %.1fs",
             self.model_dir,
@@ -137,8 +145,8 @@ class LLMEngine:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return apply_chat_template(self.tokenizer, messages)
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return apply_chat_template(self.tokenizer, messages, tools=tools)
 
     def sampling_params(self, params: dict) -> SamplingParams:
         """A request's SamplingParams: the fields it sets over the model's defaults (generation_defaults)."""
@@ -174,6 +182,7 @@ class LLMEngine:
         priors = split_priors(prior_output_token_ids, params.n)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         ids = []
+        constrained: list[Request] = []
         for index in range(params.n):
             internal_id = request_id if params.n == 1 else f"{request_id}#{index}"
             prior = priors[index]
@@ -193,9 +202,42 @@ class LLMEngine:
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
             self.live.add(request, detokenizer, reads_history=_reads_history(params))
-            self.scheduler.add_request(request)
+            if params.structured_output is None:
+                self.scheduler.add_request(request)
+            else:
+                constrained.append(request)
             ids.append(internal_id)
         self.live.children[request_id] = ids
+        if constrained:  # scheduled once the grammar compiled (`_admit_compiled`)
+            key = constraint_key(params.structured_output)
+            self._grammar_wait_list().add(key[0], self.grammar_service().submit(key), constrained)
+
+    def grammar_service(self) -> GrammarCompileService:
+        """The engine's grammar compiler (built on first use)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompileService(
+                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids), timeout_s=self.grammar_compile_timeout_s
+            )
+        return self._grammars
+
+    def _grammar_wait_list(self) -> GrammarWaitList:
+        if self._grammar_wait is None:
+            self._grammar_wait = GrammarWaitList(self.grammar_service())
+        return self._grammar_wait
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar is now compiled go to the scheduler; those whose constraint failed end with
+        an error naming its field, before any token. An engine with nothing else to do waits a few ms for a
+        compile instead of spinning."""
+        idle = not self.scheduler.has_unfinished() and not self._in_flight
+        ready, failed = self._grammar_wait.poll(idle_wait_s=0.005 if idle else 0.0)
+        for request in ready:
+            self.scheduler.add_request(request)
+        outputs = []
+        for request, message in failed:
+            self.scheduler.finish_request(request, FinishReason.ERROR, message)
+            outputs.append(self.output_processor.finished_output(request, [], "", None))
+        return outputs
 
     def _max_num_tokens(self, num_tokens: int, num_prior: int, params: SamplingParams) -> int:
         """Tokens the request may hold in all: the limit the scheduler keeps pending tokens under."""
@@ -217,7 +259,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """True while any request runs or waits, or a launched step's tokens are still unread for a
         request that has not finished (an aborted request's last step needs no reading)."""
-        if self.scheduler.has_unfinished():
+        if self.scheduler.has_unfinished() or self._grammar_wait:
             return True
         return any(not s.request.is_finished for sched, _ in self._in_flight for s in sched.scheduled)
 
@@ -239,6 +281,8 @@ class LLMEngine:
         # speculation needs each request's newest token on the host: such a step reads every step in flight
         speculate = self.speculator is not None and self.speculator.wants_step(self.scheduler.num_running)
         overlap = self.async_scheduling and not self.live.sync_ids and not speculate
+        if self._grammar_wait:
+            outputs += self._admit_compiled()
         if not overlap:
             outputs += self._collect()
         proposed = self.speculator.propose(self.scheduler.running) if speculate else []
@@ -310,6 +354,8 @@ class LLMEngine:
         step's blocks are hashed only once its tokens are read."""
         for request in launched.requests:
             request.num_pending_tokens -= 1
+            if request.grammar is not None:  # its grammar may have taken this token ahead (async scheduling)
+                request.grammar.drop_ahead()
         for item in sched.scheduled:
             request = item.request
             if request.num_computed_tokens > item.num_computed_tokens:
@@ -402,5 +448,7 @@ def _step_graphs(config: EngineConfig) -> str:
 
 def _reads_history(params: SamplingParams) -> bool:
     """Sampling that reads the request's earlier tokens on the host: it needs the previous
-    step's tokens before it runs, so steps with such a request are not overlapped."""
+    step's tokens before it runs, so steps with such a request are not overlapped. (A grammar's mask also
+    needs the previous token, but only on the host once the next forward is queued: ModelRunner reads it
+    then, so constrained requests keep the overlap.)"""
     return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)

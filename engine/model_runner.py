@@ -106,6 +106,7 @@ class ModelRunner:
         self.graphs: StepGraphs | None = None
         self.timer: StepTimer | None = None  # benchmarks set one to time each step
         self._last_sampled: SampledTokens | None = None  # the last launched step's tokens, on the device
+        self._last_read: Callable[[], ModelRunnerOutput] | None = None  # ... and their read on the host
         # Two pinned buffers for sampled tokens ([2, S] packed), alternating between the two steps in flight.
         pin = device.type == "cuda"
         self._host_samples = torch.zeros((2, 2 * max_num_seqs), dtype=torch.int64, pin_memory=True) if pin else None
@@ -260,10 +261,11 @@ class ModelRunner:
                 clock.launched()
             return LaunchedStep(result.requests, lambda: result, on_done)
         if not requests:
-            self._last_sampled = None
+            self._last_sampled = self._last_read = None
             if clock is not None:
                 clock.launched()
             return LaunchedStep([], _with_prompt_chunks(_nothing_sampled, prompt_chunks), on_done)
+        self._catch_up_grammars(requests)
         if out.tokens is not None:  # the graph sampled: [2, b], rows 0..S-1 are the requests'
             token_ids, read = self._read_later(out.tokens, requests)
         else:
@@ -279,10 +281,23 @@ class ModelRunner:
                 token_ids = torch.tensor(sampled.token_ids, dtype=torch.int64, device=self.device)
                 result = ModelRunnerOutput(requests, sampled.token_ids, sampled.logprobs, sampled.errors)
                 read = lambda: result  # noqa: E731
-        self._last_sampled = SampledTokens(token_ids, requests)
+        self._last_sampled, self._last_read = SampledTokens(token_ids, requests), read
         if clock is not None:
             clock.launched()
         return LaunchedStep(requests, _with_prompt_chunks(read, prompt_chunks), on_done)
+
+    def _catch_up_grammars(self, requests: list[Request]) -> None:
+        """Async scheduling with structured output: a constrained request's previous token is still pending
+        when this step samples, and its grammar must take it before it can fill this step's mask. The forward
+        pass is already queued, so the host reads the previous step's tokens (an event recorded behind that
+        step's sampling, not behind this forward) and advances the grammars while the device computes; the
+        output processor later finds those tokens already taken (GrammarState.accept_ahead)."""
+        if self._last_read is None or not any(r.grammar is not None and r.num_pending_tokens for r in requests):
+            return
+        previous = self._last_read()
+        for request, token, error in zip(previous.requests, previous.token_ids, previous.errors, strict=True):
+            if request.grammar is not None and request.num_pending_tokens and error is None and not request.is_finished:
+                request.grammar.accept_ahead(token)
 
     def _logits(self, out: GraphOutputs, step: StepInputs) -> torch.Tensor:
         """The sampling rows' logits [S, V] in the model's dtype (LMHead widen=False: greedy and the sampling

@@ -43,6 +43,7 @@ from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 from kernels.stage_batch import StagingBuffers, stage_batch_ref
+from kernels.token_bitmask import apply_token_bitmask_ref
 
 _BACKENDS = ("auto", "torch", "triton")
 _backend = "auto"
@@ -438,3 +439,13 @@ def paged_attention(
     return paged_prefill_attention_ref(
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale, window
     )
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] in place: -inf where bit v of bitmask [S, ceil(V / 32)] int32 is 0, in the rows listed by
+    rows [R] int32 only (kernels/token_bitmask.py)."""
+    if use_triton(logits):
+        from kernels.token_bitmask import apply_token_bitmask as kernel
+
+        return kernel(logits, bitmask, rows)
+    return apply_token_bitmask_ref(logits, bitmask, rows)

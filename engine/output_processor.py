@@ -83,7 +83,9 @@ class OutputProcessor:
             by_token = token in request.stop_token_set and num_output > request.sampling_params.min_tokens
             detok = detokenizers[request.request_id]
             text = "" if by_token else detok.add_token(token)
-            if by_token or detok.stopped:
+            # a grammar that allows nothing but a stop token after this one ends the output here
+            grammar = request.grammar
+            if by_token or detok.stopped or (grammar is not None and grammar.ends_after(token)):
                 reason = stop
             elif len(all_ids) >= request.max_num_tokens:  # max_tokens, or the model's context
                 reason = length

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -89,6 +90,9 @@ class Request:
     # speculative decoding: the tokens proposed to follow this one's, verified in the step being scheduled
     # (engine/speculator.py sets them before scheduling; the scheduler gives them budget when it can)
     proposed_token_ids: list[int] = field(default_factory=list)
+    # the choice's grammar state (engine/structured_output/grammar_state.py) once its constraint compiled; None for
+    # a request without structured_output
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

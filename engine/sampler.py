@@ -25,6 +25,7 @@ import torch
 from engine import ops
 from engine.request import Logprob, Request
 from engine.sampling_params import SamplingParams
+from engine.structured_output.masking import MaskBuffers, apply_grammar_masks
 from engine.torch_sampling import host_to_device, mix32, race_sample, uniform_from_keys
 from kernels.random_sample import asks_step_0, pack_params
 
@@ -79,6 +80,9 @@ class SamplerOutput:
 
 class Sampler:
     """Turns the last-position logits of the sampling rows into tokens."""
+
+    def __init__(self) -> None:
+        self._mask_buffers = MaskBuffers()
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """
@@ -164,6 +168,7 @@ class Sampler:
         # penalties may change (raw_logprobs is already computed)
         logits = self._apply_penalties(logits, requests)
         logits = self._apply_bias_and_min_tokens(logits, requests)
+        logits = apply_grammar_masks(logits, requests, self._mask_buffers)  # only the constrained rows
 
         greedy_rows = [r.sampling_params.is_greedy for r in requests]
         if all(greedy_rows):
@@ -227,10 +232,11 @@ def top_k_within(params: SamplingParams, vocab_size: int) -> int:
 
 
 def only_chooses(request: Request) -> bool:
-    """Nothing changes the row's logits before the choice (penalties, bias, min_tokens)."""
+    """Nothing changes the row's logits before the choice (penalties, bias, min_tokens, a grammar's mask)."""
     p = request.sampling_params
     return (
-        p.repetition_penalty == 1.0
+        request.grammar is None
+        and p.repetition_penalty == 1.0
         and not p.presence_penalty
         and not p.frequency_penalty
         and not p.logit_bias

@@ -10,6 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.structured_output.constraint import (  # noqa: F401  (re-exported: the limits table lives here)
+    MAX_CHOICE_CHARS,
+    MAX_CHOICES,
+    MAX_STRUCTURED_OUTPUT_CHARS,
+    STRUCTURED_OUTPUT_KINDS,
+    check_structured_output,
+)
+
 # Limits. The same table as worker/protocol/sampling_limits.py (which the API quotes): the engine imports
 # nothing from worker/, so it keeps its own copy and tests/worker/test_protocol.py checks the two are equal.
 INT32_MAX = 2**31 - 1
@@ -113,6 +121,9 @@ class SamplingParams:
         skip_special_tokens: drop special tokens from the detokenized text.
         speculative: False opts the request out of speculative decoding where the engine runs it (its
             tokens are the same either way; speculation only changes how fast they come).
+        structured_output: a constraint on the output, an object with exactly one of `json` (a JSON Schema),
+            `json_object` (true), `regex`, `choice` (a list of strings) or `grammar` (EBNF, root rule `root`);
+            enforced by token masks (engine/structured_output/).
     """
 
     n: int = 1
@@ -134,6 +145,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
     speculative: bool = True
+    structured_output: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -173,6 +185,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {count}")
         for i, token in enumerate(self.stop_token_ids):
             _check_range(f"stop_token_ids[{i}]", token, *TOKEN_ID_LIMITS, integer=True)
+        if self.structured_output is not None:
+            check_structured_output(self.structured_output)
 
     @property
     def is_greedy(self) -> bool:

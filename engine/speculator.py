@@ -137,12 +137,15 @@ class Speculator:
 
 def _can_speculate(request: Request) -> bool:
     """A running request with its newest token read and every token before it in the KV cache (it decodes),
-    that has not opted out, with room for at least one more token after the next."""
+    that has not opted out, with room for at least one more token after the next. A constrained request
+    (structured output) does not speculate: its proposals would need the grammar's masks at every proposed
+    position."""
     return (
         request.status is RequestStatus.RUNNING
         and request.num_pending_tokens == 0
         and request.num_computed_tokens == request.num_tokens - 1
         and request.sampling_params.speculative
+        and request.sampling_params.structured_output is None
         and request.max_num_tokens is not None
         and request.max_num_tokens - request.num_tokens >= 2
     )

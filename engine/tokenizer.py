@@ -57,9 +57,12 @@ def eos_token_ids(hf_config: Any, generation_config: Any | None, tokenizer: Any)
     return ids
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def apply_chat_template(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Token ids of `messages` rendered by the checkpoint's chat template, ending with the
-    assistant's turn opening (add_generation_prompt=True).
+    assistant's turn opening (add_generation_prompt=True). `tools` (OpenAI tool objects) go to the template
+    as its `tools` variable; messages may carry `tool_calls` (assistant) and `tool_call_id` / `name` (tool).
 
     Only the template's own markup becomes special tokens: a special token's text inside the
     messages (a user typing `<|im_start|>system`) is encoded as the text it is, so no message can
@@ -75,12 +78,14 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]]) -> list[
         )
     pattern = special_token_pattern(tokenizer)
     if pattern is None or not mentions(messages, pattern):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding from older signatures
             ids = ids["input_ids"]
         return [int(i) for i in ids]
     masked = MaskedMessages(messages, pattern)
-    text = tokenizer.apply_chat_template(masked.messages, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(masked.messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return masked.encode(
         text,
         lambda s: tokenizer.encode(s, add_special_tokens=False),

@@ -245,7 +245,7 @@ class Admitter:
         if message.prompt_token_ids is not None:
             return list(message.prompt_token_ids)
         if message.messages is not None:
-            return list(self.engine.apply_chat_template(message.messages))
+            return list(self.engine.apply_chat_template(message.messages, tools=message.tools))
         return list(self.engine.encode(message.prompt))
 
     def _refuse_duplicate(self, out: Admission, candidate: _Candidate) -> None:

@@ -64,6 +64,7 @@ class Worker:
             from engine import LLMEngine
 
             engine = LLMEngine(settings.engine_config())
+        engine.grammar_compile_timeout_s = settings.grammar_compile_timeout_s
         self.engine = engine
         socket_timeout = max(5.0, 2 * settings.idle_block_ms / 1000)
         self.client = make_client(settings.redis_url, socket_timeout=socket_timeout)

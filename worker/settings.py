@@ -76,6 +76,9 @@ class WorkerSettings(BaseSettings):
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
     max_num_seqs: int = Field(256, ge=1, description="Most requests running at once.")
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget of one engine step.")
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="Longest a structured output request waits for its grammar to compile."
+    )
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "priority", description="'priority': lower `priority` first, then arrival order."
     )

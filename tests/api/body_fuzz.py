@@ -253,7 +253,7 @@ def _logit_bias_ok(v: Any) -> bool:
 
 
 def _message_ok(m: Any) -> bool:
-    if type(m) is not dict or m.get("role") not in ("system", "developer", "user", "assistant"):
+    if type(m) is not dict or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
         return False
     if "tool_calls" in m and not _same(m["tool_calls"], [None, []]):
         return False
@@ -266,6 +266,11 @@ def _message_ok(m: Any) -> bool:
         type(content) is list and len(content) >= 1
         and all(type(p) is dict and p.get("type") == "text" and type(p.get("text")) is str for p in content)
     )  # fmt: skip
+
+
+def _tool_ok(tool: Any) -> bool:
+    function = tool.get("function") if type(tool) is dict else None
+    return tool.get("type") == "function" and type(function) is dict and type(function.get("name")) is str
 
 
 def _prompt_ok(v: Any) -> bool:
@@ -298,6 +303,7 @@ def _field_errors(body: dict[str, Any], kind: str) -> set[str]:
         "priority": lambda v: _int_in(v, -I31, I31),
         "stream": lambda v: type(v) is bool,
         "stream_options": lambda v: v is None or (type(v) is dict and type(v.get("include_usage", False)) is bool),
+        "response_format": lambda v: v is None or (type(v) is dict and v.get("type") in ("text", "json_object")),
     }
     if kind == "chat":
         checks |= {
@@ -305,6 +311,7 @@ def _field_errors(body: dict[str, Any], kind: str) -> set[str]:
             "max_completion_tokens": lambda v: v is None or _int_in(v, 1),
             "logprobs": lambda v: type(v) is bool,
             "top_logprobs": lambda v: v is None or _int_in(v, 0, 20),
+            "tools": lambda v: v is None or (type(v) is list and all(map(_tool_ok, v))),
         }
     else:
         checks |= {
@@ -324,13 +331,8 @@ def expected_refusal(body: dict[str, Any], kind: str, vocab: int, context: int) 
     # 1. the raw object: broken Unicode anywhere, unsupported features, several prompts
     step = {k.encode("utf-8", "backslashreplace").decode() for k, v in body.items() if _has_surrogate(k) or
             _has_surrogate(v)}  # fmt: skip
-    if "tools" in body and not _same(body["tools"], [None, []]):
-        step.add("tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (type(fmt) is dict and _same(fmt.get("type"), ["text"])):
-        step.add("response_format")
     if kind == "completion":
-        for name, neutral in (("echo", [None, False]), ("suffix", [None, ""])):
+        for name, neutral in (("echo", [None, False]), ("suffix", [None, ""]), ("tools", [None, []])):
             if name in body and not _same(body[name], neutral):
                 step.add(name)
         prompt = body.get("prompt")

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.main import create_app
+from api.output_plan import plan_output
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.settings import ApiSettings
 from worker.protocol import SAMPLING_PARAM_FIELDS, RequestMessage, decode_request, encode_request
@@ -17,26 +18,32 @@ EVERYTHING = {
     "model": "m", "n": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "presence_penalty": 0.1,
     "frequency_penalty": 0.2, "repetition_penalty": 1.1, "logit_bias": {"5": -3}, "seed": 7, "stop": ["\n\n", "END"],
     "stop_token_ids": [2], "min_tokens": 1, "ignore_eos": True, "skip_special_tokens": False, "priority": -1,
+    "speculative": False,
     "user": "u-1", "max_tokens": 9,
 }  # fmt: skip
 
 
 def test_every_sampling_field_reaches_the_worker_under_its_engine_name():
     body = ChatCompletionRequest(
-        **EVERYTHING, messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3
-    )
-    params = body.engine_params(9, body.engine_logprobs())
+        **EVERYTHING, messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3,
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    # NOTE: the constraint is checked and added by the output plan (api/output_plan.py), as api/submit.py does.
+    constraint = {"structured_output": plan_output(body, None, ApiSettings()).constraint}
+    params = body.engine_params(9, body.engine_logprobs()) | constraint
     # every engine field is reachable, under its own name (prompt_logprobs through a completion's echo)
     assert set(params) == SAMPLING_PARAM_FIELDS - {"prompt_logprobs"}
-    echo = CompletionRequest(**EVERYTHING | {"max_tokens": 0}, prompt="hi", echo=True, logprobs=2)
-    echo_params = echo.engine_params(0, echo.engine_logprobs())
+    echo = CompletionRequest(**EVERYTHING | {"max_tokens": 0}, prompt="hi", echo=True, logprobs=2, guided_regex="a")
+    echo_params = echo.engine_params(0, echo.engine_logprobs()) | {
+        "structured_output": plan_output(echo, None, ApiSettings()).constraint
+    }
     assert echo_params["prompt_logprobs"] == 2 and echo_params["max_tokens"] == 1  # the one token is not shown
     assert set(echo_params) == SAMPLING_PARAM_FIELDS
     message = RequestMessage(id="chatcmpl-1", messages=body.wire_messages(), params=params, priority=body.priority)
     decoded = decode_request(encode_request(message))
     assert decoded.params["logit_bias"] == {5: -3}
     assert decoded.params["logprobs"] == 3 and decoded.params["stop"] == ["\n\n", "END"]
-    assert decoded.priority == -1
+    assert decoded.priority == -1 and decoded.params["structured_output"] == {"json_object": True}
 
 
 def test_defaults_send_only_what_the_client_chose():
@@ -169,7 +176,17 @@ AGREEMENT = [
     (CHAT | {"top_logprobs": None}, True), (CHAT | {"stream_options": {"include_usage": True}}, False),
     (CHAT | {"stream_options": {"include_usage": True}, "stream": True}, True),
     (CHAT | {"tools": [{"type": "function"}]}, False), (CHAT | {"tools": []}, True),
-    (CHAT | {"tool_choice": "auto"}, False), (CHAT | {"response_format": {"type": "json_object"}}, False),
+    (CHAT | {"tool_choice": "auto"}, True), (CHAT | {"response_format": {"type": "json_object"}}, True),
+    (CHAT | {"response_format": {"type": "xml"}}, False), (CHAT | {"tool_choice": "any"}, False),
+    (COMPLETION | {"tools": [{"type": "function", "function": {"name": "f"}}]}, False),
+    (CHAT | {"tools": [{"type": "function", "function": {"name": "f"}}]}, True),
+    (CHAT | {"messages": [{"role": "tool"}]}, False), (CHAT | {"messages": [{"role": "tool", "content": "1"}]}, True),
+    (CHAT | {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "1", "function": {"name": "f", "arguments": "{}"}}]}]}, True),
+    (CHAT | {"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "1", "function": {"name": "f", "arguments": "{}"}}]}]}, False),
+    (CHAT | {"messages": [{"role": "assistant", "content": None, "tool_calls": []}]}, False),
+    (CHAT | {"structured_outputs": {"choice": []}}, False), (CHAT | {"structured_outputs": {"choice": ["a"]}}, True),
     (CHAT | {"response_format": {"type": "text"}}, True), (CHAT | {"modalities": ["text", "audio"]}, False),
     (CHAT | {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]}, False),
     (CHAT | {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, True),

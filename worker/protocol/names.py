@@ -24,7 +24,7 @@ MAX_RESULT_STREAM_CHARS = 512
 SAMPLING_PARAM_FIELDS = frozenset({
     "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "logit_bias", "seed", "stop", "stop_token_ids", "max_tokens", "min_tokens", "ignore_eos", "logprobs",
-    "skip_special_tokens", "prompt_logprobs", "speculative",
+    "skip_special_tokens", "prompt_logprobs", "speculative", "structured_output",
 })  # fmt: skip
 
 EVENT_TYPES = ("token", "done", "error")

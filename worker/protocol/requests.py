@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.protocol.constraints import check_structured_output, check_tools
 from worker.protocol.fields import _check_token_ids, _finite_float, _load_json, _normalize
 from worker.protocol.names import (
     MAX_REQUEST_ID_CHARS,
@@ -39,7 +40,8 @@ class RequestMessage:
 
     `params` holds SamplingParams fields as plain JSON values (logit_bias keys become ints), each
     within worker/protocol/sampling_limits.py. `result_stream` may be left out: the result stream
-    is always `Keys.result(id)`, and a worker dead-letters a message that names any other.
+    is always `Keys.result(id)`, and a worker dead-letters a message that names any other. `tools` (OpenAI
+    tool objects) go to the chat template with `messages` (a prompt ignores them).
     """
 
     id: str
@@ -51,6 +53,7 @@ class RequestMessage:
     deadline: float | None = None
     result_stream: str | None = None
     created: float | None = None
+    tools: list[dict[str, Any]] | None = None
 
     def result_stream_for(self, keys: Keys) -> str:
         """The request's result stream: derived from its id, whatever the message names."""
@@ -75,6 +78,14 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             raise ProtocolError(f"messages[{i}].content", "must be a string or null")
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and (
+            not isinstance(tool_calls, list) or not all(isinstance(call, dict) for call in tool_calls)
+        ):
+            raise ProtocolError(f"messages[{i}].tool_calls", "must be a list of tool call objects")
+        for key in ("tool_call_id", "name"):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise ProtocolError(f"messages[{i}].{key}", "must be a string")
     return messages
 
 
@@ -105,6 +116,8 @@ def _check_params(params: Any) -> dict[str, Any]:
         params["stop_token_ids"] = _check_stop_token_ids(params["stop_token_ids"])
     if params.get("logit_bias") is not None:
         params["logit_bias"] = _check_logit_bias(params["logit_bias"])
+    if params.get("structured_output") is not None:
+        check_structured_output(params["structured_output"])
     return params
 
 
@@ -178,6 +191,8 @@ def _validate_request(message: RequestMessage) -> None:
         raise ProtocolError("priority", reason)
     if message.result_stream is not None and not 0 < len(message.result_stream) <= MAX_RESULT_STREAM_CHARS:
         raise ProtocolError("result_stream", f"must hold 1 to {MAX_RESULT_STREAM_CHARS} characters")
+    if message.tools is not None:
+        check_tools(message.tools)
 
 
 def encode_request(message: RequestMessage) -> dict[str, str]:
@@ -200,6 +215,8 @@ def encode_request(message: RequestMessage) -> dict[str, str]:
         fields["result_stream"] = message.result_stream
     if message.created is not None:
         fields["created"] = repr(float(message.created))
+    if message.tools is not None:
+        fields["tools"] = json.dumps(message.tools, ensure_ascii=False)
     return fields
 
 
@@ -235,6 +252,8 @@ def decode_request(fields: Mapping[Any, Any]) -> RequestMessage:
         message.result_stream = raw["result_stream"]
     if "created" in raw:
         message.created = _finite_float("created", raw["created"])
+    if "tools" in raw:
+        message.tools = check_tools(_load_json("tools", raw["tools"]))
     _validate_request(message)
     return message
 

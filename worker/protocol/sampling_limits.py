@@ -42,6 +42,12 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 256
 PRIORITY_LIMITS = (-INT32_MAX, INT32_MAX)  # the message's `priority` field
+# params.structured_output: exactly one of these keys; its value's JSON text at most this long
+STRUCTURED_OUTPUT_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_STRUCTURED_OUTPUT_CHARS = 65_536
+MAX_CHOICES = 256  # params.structured_output.choice: 1 to 256 strings of 1 to 1024 characters
+MAX_CHOICE_CHARS = 1024
+MAX_TOOLS = 128  # the message's `tools` list
 
 
 def format_bound(value: int | float) -> str:
