@@ -139,7 +139,9 @@ class OutputProcessor:
             by_token = token in request.stop_token_set and request.num_output_tokens > min_tokens
             if not by_token:
                 text += detok.add_token(token)
-            if by_token or detok.stopped:
+            # a constrained request (it never verifies proposals) takes its one token through its grammar here too
+            grammar = request.grammar
+            if by_token or detok.stopped or (grammar is not None and grammar.ends_after(token)):
                 reason = FinishReason.STOP
             elif request.num_tokens >= request.max_num_tokens:
                 reason = FinishReason.LENGTH

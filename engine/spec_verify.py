@@ -35,7 +35,7 @@ class DraftRow:
 
     __slots__ = ("_request", "_proposed", "sampling_params", "seed", "eos_token_ids", "num_prompt_tokens",
                  "num_prior_output_tokens", "num_pending_tokens", "num_output_tokens",
-                 "num_tokens_with_pending")  # fmt: skip
+                 "num_tokens_with_pending", "grammar")  # fmt: skip
 
     def __init__(self, request: Request, proposed: list[int]) -> None:
         self._request = request
@@ -48,6 +48,7 @@ class DraftRow:
         self.num_pending_tokens = 0  # verification steps are synchronous: no token is pending
         self.num_output_tokens = request.num_output_tokens + len(proposed)
         self.num_tokens_with_pending = request.num_tokens + len(proposed)
+        self.grammar = None  # constrained requests do not speculate (engine/speculator.py)
 
     @property
     def all_token_ids(self) -> list[int]:

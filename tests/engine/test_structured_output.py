@@ -228,3 +228,26 @@ def test_logprobs_stay_raw_and_penalties_still_apply(engine):
                                structured_output={"regex": r"[a-z]{3,8}( [a-z]{3,8}){2,5}\."})  # fmt: skip
     text = run(engine, {"pen": (_prompt(engine, "Write words."), penalized)})["pen"][0][1]
     assert re.fullmatch(r"[a-z]{3,8}( [a-z]{3,8}){2,5}\.", text), text
+
+
+def test_constrained_requests_beside_speculating_ones_keep_their_tokens(engine, smollm2_dir):
+    """With n-gram speculation on, a constrained request does not speculate (its proposals would need the
+    grammar's mask at every proposed position) while a free one beside it does: both give the tokens of an
+    engine without speculation, and the JSON still validates."""
+    from tests.engine.spec_helpers import spec_config
+
+    copy = "Repeat exactly: the queue holds the request, the worker holds the queue, the queue holds the request."
+    requests = {
+        "json": (_prompt(engine, "Describe a person as JSON."),
+                 SamplingParams(temperature=0.0, max_tokens=60, structured_output={"json": SCHEMA})),
+        "free": (_prompt(engine, copy), SamplingParams(temperature=0.0, max_tokens=30)),
+    }  # fmt: skip
+    speculating = make_engine(smollm2_dir, max_model_len=512, num_kv_tokens=4096, speculative=spec_config(4))
+    try:
+        got = run(speculating, requests)
+    finally:
+        speculating._grammars.shutdown()
+    assert got == run(engine, requests)
+    assert got["json"][0][2] == "stop" and got["json"][0][3] is None
+    jsonschema.validate(json.loads(got["json"][0][1]), SCHEMA)
+    assert speculating.speculator.stats.num_drafts > 0  # the free request did speculate
