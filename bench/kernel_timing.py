@@ -41,6 +41,18 @@ class Bench:
         l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
         return cls(device=device, dry_run=dry_run, l2_bytes=l2)
 
+    @classmethod
+    def for_run(cls, dry_run: bool) -> Bench:
+        """The Bench of a kernel benchmark's run: on the CPU interpreter for --dry-run (its code paths only),
+        else on the CUDA GPU (refused without one)."""
+        if dry_run:
+            from kernels.interpreter import use_cpu_interpreter
+
+            use_cpu_interpreter()
+        elif not torch.cuda.is_available():
+            raise SystemExit("no CUDA GPU: run with --dry-run for the code paths")
+        return cls.on(torch.device("cpu" if dry_run else "cuda"), dry_run)
+
     def rotations(self, bytes_per_call: int) -> int:
         return 1 if self.dry_run else rotations(bytes_per_call, self.l2_bytes)
 

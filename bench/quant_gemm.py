@@ -207,17 +207,11 @@ def markdown(results: dict) -> str:
 
 def main(argv=None) -> dict:
     args = _parse_args(argv)
-    if args.dry_run:
-        from kernels.interpreter import use_cpu_interpreter
-
-        use_cpu_interpreter()
-    elif not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU: run with --dry-run for the code paths")
     from bench.engine_common import environment, write_results
     from bench.kernel_timing import Bench, measure_ceilings
 
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    bench = Bench.on(device, args.dry_run)
+    bench = Bench.for_run(args.dry_run)
+    device = bench.device
     formats = [f for f in args.formats.split(",") if f]
     unknown = set(formats) - set(FORMATS)
     if unknown:
