@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.registry import resolve_model_class
+from engine.parallel.group import SINGLE, TensorParallel, building_for
 from engine.quantization.checkpoint_stream import regroup_quantized
 from engine.quantization.model_build import check_quantized_model, initialize_dummy_quantized, quantized_linears
 from engine.quantization.selection import select_quantization
@@ -48,8 +49,9 @@ class LoadedModel:
 
 
 def load_model(
-    model_config: ModelConfig, device: torch.device, dtype: torch.dtype, cache_dir: str | None = None
-) -> LoadedModel:
+    model_config: ModelConfig, device: torch.device, dtype: torch.dtype, cache_dir: str | None = None,
+    tp: TensorParallel = SINGLE,
+) -> LoadedModel:  # fmt: skip
     """Builds the model of `model_config` and loads its weights.
 
     Args:
@@ -57,6 +59,7 @@ def load_model(
         device: where parameters live; torch.device("meta") builds shapes only (dummy).
         dtype: parameter dtype (the rotary table stays float32).
         cache_dir: root of converted GGUF checkpoints; None is ~/.cache/inferq/models.
+        tp: the tensor-parallel rank to build: each layer holds its shard and loads its part of each tensor.
 
     Raises:
         CheckpointError: the checkpoint cannot be found, fetched, read or converted.
@@ -68,7 +71,13 @@ def load_model(
     max_model_len = resolve_max_model_len(hf_config, model_config.max_model_len)
     model_class = resolve_model_class(hf_config)
     quantization = select_quantization(hf_config, model_config.quantization, device)
-    with _default_device_and_dtype(device, dtype), quantized_linears(quantization and quantization.scheme):
+    if tp.enabled:
+        check_tensor_parallel(model_class, hf_config, quantization is not None and quantization.checkpoint is not None)
+    with (
+        _default_device_and_dtype(device, dtype),
+        quantized_linears(quantization and quantization.scheme),
+        building_for(tp),
+    ):
         model = model_class(hf_config)
     if quantization is not None:
         check_quantized_model(model, quantization.setting)
@@ -87,6 +96,28 @@ def load_model(
         torch.cuda.reset_peak_memory_stats(device)
     model.eval()
     return LoadedModel(model=model, hf_config=hf_config, model_dir=model_dir, max_model_len=max_model_len)
+
+
+def check_tensor_parallel(model_class: type, hf_config: Any, prequantized: bool) -> None:
+    """Refuses, before anything is built, what a tensor-parallel rank cannot hold.
+
+    Raises:
+        ValueError: the architecture has no tensor-parallel build, or the checkpoint is pre-quantized.
+    """
+    architecture = (getattr(hf_config, "architectures", None) or [model_class.__name__])[0]
+    if not getattr(model_class, "supports_tensor_parallel", False):
+        raise ValueError(
+            f"tensor_parallel_size > 1 does not support architecture {architecture!r} "
+            "(supported: the Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral families)"
+        )
+    if prequantized:
+        config = getattr(hf_config, "quantization_config", None)
+        method = config.get("quant_method", "?") if isinstance(config, dict) else getattr(config, "quant_method", "?")
+        raise ValueError(
+            f"tensor_parallel_size > 1 does not load pre-quantized checkpoints (quantization_config.quant_method "
+            f"{method!r}): run them with tensor_parallel_size 1, or quantize a dense checkpoint at load "
+            "(--quantization)"
+        )
 
 
 def resolve_model_dir(model_config: ModelConfig, cache_dir: str | None = None) -> Path:

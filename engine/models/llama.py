@@ -31,6 +31,7 @@ from engine.models.layers import (
 )
 from engine.models.layers.rotary import rope_parameters
 from engine.models.loading import LLAMA_STACKED_PARAMS, load_named_weights
+from engine.parallel.group import current as current_tensor_parallel
 
 
 def head_dim_of(config: Any) -> int:
@@ -72,11 +73,13 @@ class LlamaAttention(nn.Module):
         scale: float | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = num_kv_heads_of(config)
+        num_heads, num_kv_heads = config.num_attention_heads, num_kv_heads_of(config)
+        heads = current_tensor_parallel().heads(num_heads, num_kv_heads)  # this rank's (all without TP)
+        self.num_heads = heads.q
+        self.num_kv_heads = heads.kv
         self.head_dim = head_dim_of(config)
-        self.qkv_proj = qkv_linear(config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, qkv_bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, o_bias)
+        self.qkv_proj = qkv_linear(config.hidden_size, num_heads, num_kv_heads, self.head_dim, qkv_bias)
+        self.o_proj = Linear(num_heads * self.head_dim, config.hidden_size, o_bias, parallel="row")
         self.rotary_emb = rotary
         scale = self.head_dim**-0.5 if scale is None else scale
         window = sliding_window_of(config, layer_idx)
@@ -156,7 +159,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         theta, scaling = rope_parameters(config)
         rotary = RotaryEmbedding(head_dim_of(config), config.max_position_embeddings, theta, scaling)
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        # a table the LM head shares stays whole (the head is replicated, decision 0061)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, vocab_parallel=not tied)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, make_attention(config, rotary, i), make_mlp(config, i))
             for i in range(config.num_hidden_layers)
@@ -185,6 +190,9 @@ class LlamaForCausalLM(nn.Module):
         config: a transformers LlamaConfig (or MistralConfig, Qwen2Config, Qwen3Config).
     """
 
+    # built for a tensor-parallel group, each rank holds its shard (engine/parallel/group.py)
+    supports_tensor_parallel = True
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         hidden_act = getattr(config, "hidden_act", "silu")
@@ -196,7 +204,8 @@ class LlamaForCausalLM(nn.Module):
         tied_to = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to)
         self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = num_kv_heads_of(config)
+        # this rank's KV heads: its slice of the KV pool
+        self.num_kv_heads = current_tensor_parallel().heads(config.num_attention_heads, num_kv_heads_of(config)).kv
         self.head_dim = head_dim_of(config)
 
     def make_attention(self, config: Any, rotary: RotaryEmbedding, layer_idx: int) -> nn.Module:

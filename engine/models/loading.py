@@ -9,6 +9,9 @@ MoE experts load in either layout onto the packed parameters of a FusedMoE
 (`<...>.experts.{e}.<projection>.weight`) each into their expert's slice, or the packed
 `<...>.experts.gate_up_proj` / `down_proj` of transformers 5 whole.
 
+On a tensor-parallel rank each tensor is cut to the rank's part before the shape check (`_rank_part`: a
+layer's `checkpoint_slices`, a fused projection's `shard_sources`, an expert block's `rank_part`).
+
 A quantized Linear (engine/quantization) has no `weight` parameter: its `<...>.weight` tensor (a dense one
 to quantize on the fly, or a quantized checkpoint's regrouped PackedTensors) loads into its QuantizedWeight,
 into the fused part's rows.
@@ -73,7 +76,7 @@ def load_named_weights(
         if quantized is not None:
             name, shard, linear = quantized
             start, rows = linear.shard_rows(shard) if shard is not None else (0, linear.out_features)
-            linear.quant.load(checkpoint_name, tensor, start, rows)
+            linear.quant.load(checkpoint_name, _rank_part(linear, "weight", shard, tensor), start, rows)
             loaded.add((name, shard))
             continue
         expert_slice = _expert_slice(model, name, checkpoint_name)
@@ -81,6 +84,7 @@ def load_named_weights(
             name, shard, target = expert_slice
         else:
             name, shard, target = _stacked_target(model, params, name, checkpoint_name, stacked_params)
+        tensor = _rank_part(_owner(model, name), name.rsplit(".", 1)[-1], shard, tensor)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"checkpoint tensor {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
@@ -95,6 +99,24 @@ def load_named_weights(
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ValueError(f"checkpoint lacks {len(missing)} tensors of {model_name}: {shown}")
+
+
+def _rank_part(module: nn.Module, param: str, shard: Shard, tensor: torch.Tensor) -> torch.Tensor:
+    """The part of a checkpoint tensor a tensor-parallel rank holds in `module`'s parameter `param` (`shard`:
+    a fused projection's shard, or an expert slice (expert, part)); the tensor itself without tensor
+    parallelism or for a replicated parameter."""
+    if isinstance(module, FusedMoE):
+        return module.rank_part(shard[1] if isinstance(shard, tuple) else None, param, tensor)
+    if isinstance(module, FusedLinear) and module.shard_sources is not None and isinstance(shard, str):
+        start, rows = module.shard_sources[shard]
+        return tensor.narrow(0, start, rows)
+    part = getattr(module, "checkpoint_slices", {}).get(param)
+    if part is None:
+        return tensor
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{param} of {type(module).__name__}: tensor parallelism loads dense tensors only")
+    dim, start, count = part
+    return tensor.narrow(dim, start, count)
 
 
 def _quantized_target(

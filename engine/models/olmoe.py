@@ -53,6 +53,9 @@ class OlmoeAttention(LlamaAttention):
 class OlmoeForCausalLM(MoEForCausalLM):
     """Args: config: a transformers OlmoeConfig."""
 
+    # q_norm and k_norm span every head's rows, which a tensor-parallel rank does not hold
+    supports_tensor_parallel = False
+
     MOE_FIELDS = MoEFields(num_experts="num_experts", intermediate_size="intermediate_size",
                            norm_topk_prob="norm_topk_prob")  # fmt: skip
 

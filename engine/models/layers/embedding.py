@@ -10,17 +10,39 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import ops
+from engine.parallel.group import current as current_tensor_parallel
 
 
 class VocabEmbedding(nn.Module):
-    """Token id -> row of a [V, H] table."""
+    """Token id -> row of a [V, H] table.
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    Args:
+        vocab_size: V.
+        hidden_size: H.
+        vocab_parallel: on a tensor-parallel rank, hold only this rank's V / N rows: a token outside them
+            looks up zeros, and the sum over the group gives every rank its row (a table shared with the LM
+            head stays whole: the head is replicated, decision 0061).
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, vocab_parallel: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        self.tp = current_tensor_parallel()
+        self.vocab_start, rows = 0, vocab_size
+        # parameter name -> (dim, first index, count) of the checkpoint tensor this rank loads
+        self.checkpoint_slices: dict[str, tuple[int, int, int]] = {}
+        self.vocab_parallel = vocab_parallel and self.tp.enabled
+        if self.vocab_parallel:
+            self.vocab_start, rows = self.tp.split(vocab_size, "vocab_size")
+            self.checkpoint_slices = {"weight": (0, self.vocab_start, rows)}
+        self.weight = nn.Parameter(torch.empty(rows, hidden_size), requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)  # [T] -> [T, H]
+        if not self.vocab_parallel:
+            return F.embedding(input_ids, self.weight)  # [T] -> [T, H]
+        local = input_ids - self.vocab_start  # [T]
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        rows = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)  # [T, H]
+        return self.tp.all_reduce(rows * mine.unsqueeze(1).to(rows.dtype))
 
 
 class LMHead(nn.Module):

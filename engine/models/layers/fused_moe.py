@@ -7,6 +7,9 @@ gate's I, then the up's I), and every down projection in `down_proj` [E, H, I]: 
 order transformers 5 uses for its packed experts, so a packed checkpoint loads tensor for tensor and a
 per-expert one (`experts.{e}.gate_proj.weight`, Mixtral's `experts.{e}.w1.weight`, ...) slice by slice
 (engine/models/loading.py). One parameter per projection is what one grouped kernel launch reads.
+
+On a tensor-parallel rank every expert keeps I / N of its intermediate rows (gate and up rows, down columns):
+the experts' outputs are partial sums, which the MoE block adds over the group once (decision 0061).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from torch import nn
 
 from engine import ops
+from engine.parallel.group import current as current_tensor_parallel
 
 # checkpoint projection name -> part, for the per-expert layouts of the Hub
 QWEN_EXPERT_NAMES = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
@@ -39,6 +43,9 @@ class FusedMoE(nn.Module):
         if sorted(checkpoint_names.values()) != sorted(EXPERT_PARTS):
             raise ValueError(f"checkpoint_names must map one name to each of {EXPERT_PARTS}, got {checkpoint_names}")
         self.num_experts = num_experts
+        # this rank's share of each expert's intermediate rows (all of them without tensor parallelism)
+        self.tp = current_tensor_parallel()
+        self.intermediate_start, intermediate_size = self.tp.split(intermediate_size, "moe_intermediate_size")
         self.intermediate_size = intermediate_size
         self.checkpoint_names = dict(checkpoint_names)
         self.gate_up_proj = nn.Parameter(
@@ -62,6 +69,19 @@ class FusedMoE(nn.Module):
             return self.down_proj.data[expert]
         start = 0 if part == "gate" else self.intermediate_size
         return self.gate_up_proj.data[expert].narrow(0, start, self.intermediate_size)
+
+    def rank_part(self, part: str | None, param: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of a checkpoint tensor this rank holds: an expert's projection (`part`: gate/up [I, H] or
+        down [H, I]) or a packed parameter whole (`part` None: gate_up_proj [E, 2I, H] or down_proj [E, H, I])."""
+        if not self.tp.enabled:
+            return tensor
+        start, rows = self.intermediate_start, self.intermediate_size
+        if part is not None:
+            return tensor.narrow(1 if part == "down" else 0, start, rows)
+        if param == "down_proj":
+            return tensor.narrow(2, start, rows)
+        full = tensor.shape[1] // 2  # gate rows, then up rows
+        return torch.cat((tensor.narrow(1, start, rows), tensor.narrow(1, full + start, rows)), dim=1)
 
     def shards(self, param: str) -> set[tuple[int, str]]:
         """(expert, part) of every slice of a parameter, each loaded once from a per-expert checkpoint."""

@@ -18,7 +18,7 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = gate_up_linear(hidden_size, intermediate_size, bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias, parallel="row")
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm

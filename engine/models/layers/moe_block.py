@@ -25,7 +25,8 @@ class SharedExpert(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = gate_up_linear(hidden_size, intermediate_size)
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        # a partial sum on a tensor-parallel rank: the block adds it to the experts' before one all-reduce
+        self.down_proj = Linear(intermediate_size, hidden_size, parallel="row_partial")
 
     def forward(self, normed: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(normed)))  # [T, H] -> [T, 2I] -> [T, I] -> [T, H]
@@ -63,4 +64,5 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             shared = self.shared_expert(normed)  # [T, H]
             out = out + torch.sigmoid(self.shared_expert_gate(normed)) * shared  # gate [T, 1]
-        return out, residual
+        # a tensor-parallel rank's experts hold I / N of each expert: their sum over the group is the output
+        return self.experts.tp.all_reduce(out), residual
