@@ -166,6 +166,34 @@ class SpeculativeConfig:
             raise ValueError(f"probe_interval must be >= 1, got {self.probe_interval}")
 
 
+PARALLEL_BACKENDS = ("auto", "nccl", "gloo")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism inside one engine (docs/tensor-parallelism.md): the model split over several ranks
+    of one host, rank r on cuda:r (CPU: gloo, for tests), rank 0 this process.
+
+    Args:
+        tensor_parallel_size: N ranks; 1 runs the model whole in this process.
+        backend: torch.distributed's backend; "auto" is NCCL on CUDA and gloo on CPU.
+        init_timeout_s: how long the ranks wait for each other at start and in a collective (gloo) before
+            the engine fails.
+    """
+
+    tensor_parallel_size: int = 1
+    backend: str = "auto"
+    init_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.tensor_parallel_size <= 16:
+            raise ValueError(f"tensor_parallel_size must be in [1, 16], got {self.tensor_parallel_size}")
+        if self.backend not in PARALLEL_BACKENDS:
+            raise ValueError(f"parallel backend must be one of {PARALLEL_BACKENDS}, got {self.backend!r}")
+        if self.init_timeout_s <= 0:
+            raise ValueError(f"init_timeout_s must be > 0, got {self.init_timeout_s}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, composed per layer.
@@ -189,6 +217,7 @@ class EngineConfig:
             synchronously either way.
         speculative: speculative decoding (off by default); its verification steps run synchronously, in
             the CUDA graphs of the mixed-step buckets.
+        parallel: tensor parallelism (off by default).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -200,8 +229,14 @@ class EngineConfig:
     pdl: bool | None = None
     async_scheduling: bool | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        if self.parallel.tensor_parallel_size > 1 and self.speculative.method == "draft":
+            raise ValueError(
+                "speculative method 'draft' does not run with tensor_parallel_size > 1 (the draft model is not "
+                "split over the ranks); use method 'ngram' or tensor_parallel_size 1"
+            )
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

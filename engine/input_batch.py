@@ -117,6 +117,7 @@ class InputBatch:
         self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
         self._copied = torch.cuda.Event() if pin else None  # recorded behind the kernel that reads the host buffers
         self.num_pending_staged = 0  # input ids staged as pending (tests: async steps took the device's tokens)
+        self.staged = (0, 0)  # the int64 and int32 elements the last `prepare` staged (tensor-parallel broadcast)
 
     # ---- the views a captured graph reads ---------------------------------------
     def decode_views(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -246,18 +247,36 @@ class InputBatch:
             staging = self._np32[bt_offset : bt_offset + num_seqs * width_used].reshape(num_seqs, width_used)
             staging[...] = self._host_tables[:num_seqs, :width_used]
         self._stage(3 * a + staged_rows, bt_offset, t, pending.token_ids if waiting else None, table_rows, width_used)
+        self.staged = (3 * a + staged_rows, bt_offset)
+        input_ids, positions, meta = self.step_views(
+            t, padded, max(query_lens), max(seq_lens), seq_lens + [0] * (padded - num_seqs),
+            query_lens + [1 if decode else 0] * (padded - num_seqs),
+        )  # fmt: skip
+        logits_rows = None if identity_rows else self._dev64[3 * a : 3 * a + num_rows]
+        return StepInputs(input_ids, positions, meta, num_seqs, padded, logits_rows, sampling)
+
+    def step_views(
+        self, num_tokens: int, padded: int, max_query_len: int, max_seq_len: int, seq_lens_cpu: list[int],
+        query_lens_cpu: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:  # fmt: skip
+        """(input_ids, positions, meta) of the step staged for num_tokens tokens over padded sequences: what
+        `prepare` returns, and what a tensor-parallel rank rebuilds from rank 0's broadcast (step_mirror.py)."""
+        t, a, sa = num_tokens, _align(num_tokens), _align(padded + 1)
         meta = AttentionMetadata(
             slot_mapping=self._dev64[2 * a : 2 * a + t],
             block_tables=self.block_tables[:padded],
             seq_lens=self._dev32[:padded],
             query_start_loc=self._dev32[sa : sa + padded + 1],
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            seq_lens_cpu=seq_lens + [0] * (padded - num_seqs),
-            query_lens_cpu=query_lens + [1 if decode else 0] * (padded - num_seqs),
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            seq_lens_cpu=seq_lens_cpu,
+            query_lens_cpu=query_lens_cpu,
         )
-        logits_rows = None if identity_rows else self._dev64[3 * a : 3 * a + num_rows]
-        return StepInputs(self._dev64[:t], self._dev64[a : a + t], meta, num_seqs, padded, logits_rows, sampling)
+        return self._dev64[:t], self._dev64[a : a + t], meta
+
+    def device_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three device tensors a step's forward reads: int64 head, int32 head, block table [Smax, W]."""
+        return self._dev64, self._dev32, self.block_tables
 
     def _update_tables(self, scheduled: list[ScheduledRequest]) -> tuple[int, bool]:
         """Brings host block-table rows up to date; returns (M, whether any row changed)."""

@@ -23,6 +23,8 @@ from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
 from engine.outputs import EngineStats, RequestOutput, StepRecord
+from engine.parallel.group import SINGLE, TensorParallel
+from engine.parallel.launch import RankGroup
 from engine.request import FinishReason, Request, RequestStatus
 from engine.request_checks import check_prompt, split_priors
 from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
@@ -78,7 +80,21 @@ class LLMEngine:
         if config.pdl is not None:  # None: as the process has it (INFERQ_PDL, or set_pdl by a benchmark)
             set_pdl(config.pdl)
         started = time.monotonic()
-        loaded = load_model(config.model, self.device, self.dtype, cache_dir=cache_dir)
+        # tensor parallelism: the other ranks start now and build their shards beside this one's
+        parallel = config.parallel.tensor_parallel_size > 1
+        self.rank_group = RankGroup(config, self.device, cache_dir) if parallel else None
+        try:
+            self._build(config, cache_dir, started)
+        except BaseException:
+            if self.rank_group is not None:
+                self.rank_group.close(timeout_s=5.0)
+            raise
+        if self.rank_group is not None:
+            self.rank_group.watch()
+
+    def _build(self, config: EngineConfig, cache_dir: str | None, started: float) -> None:
+        tp = self.rank_group.tp if self.rank_group is not None else SINGLE
+        loaded = load_model(config.model, self.device, self.dtype, cache_dir=cache_dir, tp=tp)
         self.model = loaded.model
         self.hf_config = loaded.hf_config
         self.model_dir = loaded.model_dir
@@ -99,18 +115,7 @@ class LLMEngine:
         self.speculator = build_speculator(
             config, self.device, self.dtype, self.vocab_size, self.max_model_len, _step_graphs(config), cache_dir
         )
-        self.runner = ModelRunner(
-            self.model,
-            self.device,
-            self.dtype,
-            block_size=config.cache.block_size,
-            num_kv_tokens=config.cache.num_kv_tokens,
-            gpu_memory_utilization=config.cache.gpu_memory_utilization,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            max_num_seqs=sched.max_num_seqs,
-            max_model_len=self.max_model_len,
-            step_graphs=_step_graphs(config),
-        )
+        self.runner = build_model_runner(config, self.model, self.device, self.dtype, self.max_model_len, tp)
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
@@ -415,6 +420,14 @@ class LLMEngine:
         return outputs
 
     # ---- counters ------------------------------------------------------------------
+    def close(self) -> None:
+        """Ends the other ranks of a tensor-parallel group (nothing to do without one); the engine serves no
+        further step."""
+        if self.rank_group is not None:
+            self.runner.close()
+            self.rank_group.close()
+            self.rank_group = None
+
     def stats(self) -> EngineStats:
         bm = self.block_manager
         spec = self.speculator.stats if self.speculator is not None else None
@@ -435,6 +448,27 @@ class LLMEngine:
             spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
             spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
         )
+
+
+def build_model_runner(
+    config: EngineConfig, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, max_model_len: int,
+    tp: TensorParallel = SINGLE,
+) -> ModelRunner:  # fmt: skip
+    """The engine's ModelRunner; every rank of a tensor-parallel group builds it from the same config."""
+    sched = config.scheduler
+    return ModelRunner(
+        model,
+        device,
+        dtype,
+        block_size=config.cache.block_size,
+        num_kv_tokens=config.cache.num_kv_tokens,
+        gpu_memory_utilization=config.cache.gpu_memory_utilization,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=max_model_len,
+        step_graphs=_step_graphs(config),
+        tp=tp,
+    )
 
 
 def _step_graphs(config: EngineConfig) -> str:

@@ -36,6 +36,8 @@ from engine.kv_cache import (
     reserve_activation_room,
 )
 from engine.launched_step import LaunchedStep, ModelRunnerOutput, SampledTokens, timer_hook
+from engine.parallel.group import SINGLE, RankGroupBroken, TensorParallel
+from engine.parallel.step_mirror import StepHeader, StepMirror
 from engine.prompt_logprobs import PromptChunk, step_prompt_logprobs
 from engine.request import Request
 from engine.sampler import Sampler, only_chooses
@@ -68,6 +70,8 @@ class ModelRunner:
             kernels its steps take are built then); "off" runs every step at its own size (the
             torch-reference kernels: they read lengths on the host, where a padded step has placeholders).
             CPU runs every step at its own size whatever this says.
+        tp: the tensor-parallel rank this runner serves (engine/parallel): every rank builds the same runner;
+            rank 0's `launch` sends each step's forward to the others (engine/parallel/follower.py runs it there).
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class ModelRunner:
         *,
         max_model_len: int | None = None,
         step_graphs: str = "off",
+        tp: TensorParallel = SINGLE,
     ) -> None:
         if step_graphs not in STEP_GRAPHS:
             raise ValueError(f"step_graphs must be one of {STEP_GRAPHS}, got {step_graphs!r}")
@@ -98,11 +103,14 @@ class ModelRunner:
             warm_up_peak = torch.cuda.max_memory_reserved(device)
         else:
             self.num_blocks = num_blocks_for_tokens(num_kv_tokens or DEFAULT_CPU_KV_TOKENS, block_size)
+        self.num_blocks = tp.min_over_ranks(self.num_blocks)  # every rank's pool holds the same blocks
         self.kv_cache = allocate_kv_cache(self.spec, self.num_blocks, device)
         self.kv_caches = list(self.kv_cache.unbind(0))  # per layer [2, N, B, Hkv, D]
         width = self.num_blocks if max_model_len is None else -(-max_model_len // block_size)
         self.max_decode_batch = min(max_num_seqs, max_num_batched_tokens)
         self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device)
+        self.tp = tp
+        self.mirror = StepMirror(tp, self.inputs) if tp.enabled else None
         self.graphs: StepGraphs | None = None
         self.timer: StepTimer | None = None  # benchmarks set one to time each step
         self._last_sampled: SampledTokens | None = None  # the last launched step's tokens, on the device
@@ -128,7 +136,7 @@ class ModelRunner:
         tests check the bucketing and padding that the graphs rely on.
         """
         self.graphs = StepGraphs(
-            self._forward,
+            self.forward,
             self.inputs,
             self.max_decode_batch,
             self.inputs.max_num_tokens,
@@ -138,7 +146,7 @@ class ModelRunner:
         )
         self.graphs.build()
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The model over one step; a captured graph replays this (the decode order's sort included)."""
         meta.decode_order = ops.decode_order(meta, self.spec.num_kv_heads)
         return self.model(input_ids, positions, self.kv_caches, meta)
@@ -224,11 +232,21 @@ class ModelRunner:
         caller reads each step's result before launching the step after the next one (two
         steps in flight at most: the host buffers the tokens arrive in alternate).
         """
+        sent = self.mirror.num_sent if self.mirror is not None else 0
         try:
             return self._launch(sched, prompt_logprobs)
-        except BaseException:
+        except BaseException as exc:
             self.inputs.invalidate_tables()  # the device's block table may not hold what the host recorded
+            if self.mirror is not None and self.mirror.num_sent > sent and not isinstance(exc, RankGroupBroken):
+                # the other ranks run this step's forward too: after a failure here their collectives and this
+                # rank's no longer pair up, so the group cannot serve another step
+                raise RankGroupBroken(f"rank 0 failed a step the other ranks started: {exc!r}") from exc
             raise
+
+    def close(self) -> None:
+        """Rank 0: tells the other ranks to leave `follow_steps` (the engine is closing)."""
+        if self.mirror is not None and self.tp.rank == 0:
+            self.mirror.send(StepHeader("stop"))
 
     @torch.inference_mode()
     def _launch(self, sched: SchedulerOutput, prompt_logprobs: bool) -> LaunchedStep:
@@ -248,9 +266,14 @@ class ModelRunner:
             # the greedy graph's tokens are the sampling rows in order: a mixed bucket gathers them, a decode
             # bucket takes its first S rows, so there only where every row samples
             rows_in_order = bucket[0] != bucket[1] or step.logits_rows is None
-            out = self.graphs.run(bucket, greedy=greedy and bool(requests) and rows_in_order and not verifies)
+            graph_greedy = greedy and bool(requests) and rows_in_order and not verifies
+            if self.mirror is not None:
+                self.mirror.send_step(step, bucket, graph_greedy)
+            out = self.graphs.run(bucket, greedy=graph_greedy)
         else:
-            out = GraphOutputs(self._forward(step.input_ids, step.positions, step.meta))  # [T, H]
+            if self.mirror is not None:
+                self.mirror.send_step(step, None, False)
+            out = GraphOutputs(self.forward(step.input_ids, step.positions, step.meta))  # [T, H]
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         prompt_chunks = step_prompt_logprobs(self.model, out.hidden, items) if prompt_logprobs else []
         if verifies:

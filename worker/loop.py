@@ -60,6 +60,7 @@ class Worker:
         self.settings = settings
         self.keys = Keys(settings.prefix)
         self.consumer = settings.consumer or make_consumer_name()
+        self._owns_engine = engine is None  # closed with the worker (a tensor-parallel group's other ranks)
         if engine is None:
             from engine import LLMEngine
 
@@ -183,6 +184,8 @@ class Worker:
         self.heartbeat.stop()
         self.intake.replies.close()
         self.client.close()
+        if self._owns_engine:
+            self.engine.close()
         logger.info("worker %s stopped", self.consumer)
 
     # ---- one iteration -----------------------------------------------------------------------------

@@ -106,6 +106,14 @@ class WorkerSettings(BaseSettings):
         "in 16 still speculates, so the rate can recover).",
     )
 
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Split the model over this many GPUs of the host, one process each, rank r on cuda:r "
+        "(docs/tensor-parallelism.md); 1 runs it whole.",
+    )
+
     # ---- intake and leases --------------------------------------------------------------------
     batch_window_ms: float = Field(
         5.0, ge=0, description="Wait this long after an arrival to gather more so their prefills run together."
@@ -163,7 +171,14 @@ class WorkerSettings(BaseSettings):
 
     def engine_config(self):
         """The engine's frozen EngineConfig built from these settings."""
-        from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+        from engine.config import (
+            CacheConfig,
+            EngineConfig,
+            ModelConfig,
+            ParallelConfig,
+            SchedulerConfig,
+            SpeculativeConfig,
+        )
 
         return EngineConfig(
             model=ModelConfig(
@@ -197,4 +212,5 @@ class WorkerSettings(BaseSettings):
                 max_batch_size=self.speculative_max_batch_size,
                 min_acceptance_rate=self.speculative_min_acceptance_rate,
             ),
+            parallel=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
         )

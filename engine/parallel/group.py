@@ -20,6 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+RANK_WATCH_INTERVAL_S = 0.5  # how often rank 0 looks for a rank that exited (engine/parallel/launch.py)
+
+
+class RankGroupBroken(BaseException):
+    """The ranks of a tensor-parallel group are out of step (a rank failed inside a step the others run, or a
+    rank died): no further step can be served. A BaseException, so that the engine's per-request failure
+    handling, which catches Exception, does not retry on a group that can no longer answer: the worker exits
+    and another resumes its requests."""
+
 
 @dataclass(frozen=True)
 class AttentionHeads:

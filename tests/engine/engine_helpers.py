@@ -8,7 +8,14 @@ from pathlib import Path
 
 import torch
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -26,6 +33,7 @@ def make_engine(
     kernels: str = "torch",
     async_scheduling: bool = False,
     speculative: SpeculativeConfig | None = None,
+    tensor_parallel_size: int = 1,
 ) -> LLMEngine:
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32", max_model_len=max_model_len),
@@ -37,6 +45,7 @@ def make_engine(
         kernels=kernels,
         async_scheduling=async_scheduling,
         speculative=speculative or SpeculativeConfig(),
+        parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
     )
     return LLMEngine(config, cache_dir=str(cache_dir) if cache_dir else None)
 

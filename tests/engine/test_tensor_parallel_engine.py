@@ -1,0 +1,94 @@
+"""The engine with tensor parallelism on CPU (gloo): rank 0 in this process, the other ranks spawned by it,
+each step's forward sent to them (engine/parallel/step_mirror.py).
+
+Continuous batches with staggered arrivals, prefix caching and preemption (a KV pool too small for every
+request at once), greedy and seeded sampled requests: 2 ranks give one rank's tokens exactly. A rank that dies
+ends the serving process with exit code 3 (engine/parallel/launch.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.parallel.launch import RANK_DIED_EXIT_CODE
+from engine.sampling_params import SamplingParams
+from tests.engine.engine_helpers import make_engine, mixed_sampling_params, random_prompts, run_staggered
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def serve(model_dir: Path, tensor_parallel_size: int, prompts, params, arrivals) -> tuple[dict, int]:
+    """The tokens of each request, and the preemptions the run went through."""
+    engine = make_engine(model_dir, num_kv_tokens=256, tensor_parallel_size=tensor_parallel_size)
+    try:
+        tokens = run_staggered(engine, prompts, params, arrivals)
+        return tokens, engine.stats().num_preemptions
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_two_ranks_serve_one_ranks_tokens_in_continuous_batches(kind, tiny_checkpoint):
+    model_dir = tiny_checkpoint(kind)
+    prompts = random_prompts(8, 49152, 5, 40, seed=3)
+    prompts[5] = prompts[1][:20] + prompts[5]  # a shared prefix: cached blocks
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0)] * 4 + mixed_sampling_params(24)[:4]
+    arrivals = [0, 0, 1, 2, 4, 6, 9, 12]
+    one, one_preempted = serve(model_dir, 1, prompts, params, arrivals)
+    two, two_preempted = serve(model_dir, 2, prompts, params, arrivals)
+    assert one_preempted > 0, "the pool must be small enough to preempt"
+    assert two == one
+    assert two_preempted == one_preempted
+
+
+def test_a_rank_that_dies_ends_the_serving_process(tiny_checkpoint, tmp_path):
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.engine.engine_helpers import make_engine
+        from engine.sampling_params import SamplingParams
+        engine = make_engine({str(tiny_checkpoint("llama"))!r}, tensor_parallel_size=2)
+        print("pid", engine.rank_group.processes[0].pid, flush=True)
+        for n in range(1000000):
+            if not engine.has_unfinished_requests():
+                engine.add_request(f"r{{n}}", [5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True))
+            engine.step()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("pid "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        time.sleep(1.0)  # serving steps
+        os.kill(int(line.split()[1]), signal.SIGKILL)
+        assert proc.wait(timeout=30) == RANK_DIED_EXIT_CODE
+        assert "tensor parallel rank 1 exited" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_three_ranks_answer_a_chat_as_one_rank_does_with_the_packaged_smollm2(smollm2_dir):
+    """Real weights: SmolLM2-135M's 9 query and 3 KV heads over 3 ranks (its tied embedding stays whole)."""
+    texts = []
+    for size in (1, 3):
+        engine = make_engine(smollm2_dir, tensor_parallel_size=size)
+        try:
+            prompt = engine.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
+            engine.add_request("chat", prompt, SamplingParams(max_tokens=24, temperature=0.0))
+            tokens = []
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    tokens.extend(out.new_token_ids)
+            texts.append(engine.tokenizer.decode(tokens))
+        finally:
+            engine.close()
+    assert len(texts[0]) > 20
+    assert texts[1] == texts[0]
