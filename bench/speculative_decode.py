@@ -1,18 +1,28 @@
 """Speculative decoding's speed: ms per token with speculation against without it, by mean accepted length.
 
-Random weights cannot show a real proposer's acceptance, so the proposals here have a controlled acceptance: a
-non-speculative greedy run gives each request's own continuation, and the proposer offers its next k tokens with
-the first `a` of them right and the rest wrong. Every verification step then keeps a + 1 tokens (the mean accepted
-length; k + 1 when a = k), unless the verification forward's bf16 logits break a near-tie differently than the
-decode kernel did (the report gives the measured mean accepted length beside the intended one).
+Random weights cannot show a real proposer's acceptance, so the proposals here have a controlled acceptance: each
+request's reference continuation comes first, and the proposer offers its next k tokens with the first `a` of them
+right and the rest wrong. Every verification step then keeps a + 1 tokens (the mean accepted length; k + 1 when
+a = k).
+
+The reference comes from a run with speculation forced on and blind proposals (tokens chosen without the model,
+almost never right), so nearly every reference token is the first row's choice of a verification forward: the
+path (multi-token GEMMs, prefill attention) that later verifies the controlled proposals. A non-speculative run
+would not do: it computes each token on the decode path (GEMV kernels, decode attention), whose bf16 rounding
+breaks the near-ties of random weights' logits differently, so verification rejects "right" proposals, the run
+leaves the reference and every later proposal is wrong. A row whose run still leaves the reference shows where
+(first token off the reference), and every row shows its decode steps that verified and those the policy left
+plain, beside the measured mean accepted length.
 
     python -m bench.speculative_decode                  # on a CUDA GPU, from the repo root
     python -m bench.speculative_decode --dry-run        # CPU: a tiny shape, code paths only
 
-Per model: batch 1 (a 128-token prompt, NEW_TOKENS greedy tokens) at a = 0..k, and batch BATCH (the same per
-request) at the policy's default (which turns speculation off above 16 running requests) and forced on at a = 2.
-A model with a draft in DRAFTS also runs that draft (random weights) before each proposal, its output replaced by
-the controlled tokens: the draft's real cost at a = 0, 2 and k.
+Per model: batch 1 (a 128-token prompt, NEW_TOKENS greedy tokens) at a = 0..k under the policy's default (which
+stops speculating while acceptance is low: most of a = 0's steps decode plainly) and at a = 0 forced on (every
+step verifies: the verification's own cost), and batch BATCH (the same per request) at the policy's default (which
+turns speculation off above 16 running requests) and forced on at a = 2. A model with a draft in DRAFTS also runs
+that draft (random weights) before each proposal, its output replaced by the controlled tokens: the draft's real
+cost at a = 0 (forced on), 2 and k. The non-speculative run of each batch is the "off" row.
 The packaged SmolLM2 (`default`, real weights) runs the n-gram proposer on a request to repeat a text.
 Writes speculative_decode.{json,md} into --out (bench/results/<gpu>/ by default).
 """
@@ -20,6 +30,7 @@ Writes speculative_decode.{json,md} into --out (bench/results/<gpu>/ by default)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
@@ -27,7 +38,11 @@ import time
 from bench.report import OUT_HELP
 
 MODELS = ("Llama-3.1-8B",)  # "default": the packaged SmolLM2 with the n-gram proposer (where installed)
-PROMPT_LEN, NEW_TOKENS, BATCH, BATCH_TOKENS = 128, 256, 32, 128
+# NOTE: NEW_TOKENS - 1 tokens follow the first (the prefill's), and so do DRY_RUN_NEW_TOKENS - 1; 60 =
+# lcm(1..k + 1) divides both, so a run at any a ends on a full verification step and its mean accepted length is
+# a + 1 exactly (a proposal never passes max_tokens: a run that ended mid-step would keep fewer on its last step).
+PROMPT_LEN, NEW_TOKENS, BATCH, BATCH_TOKENS = 128, 241, 32, 128
+DRY_RUN_NEW_TOKENS = 61
 K = 4
 STEM = "speculative_decode"
 COPY_TEXT = (
@@ -52,6 +67,20 @@ class ControlledProposer:
             tokens = self.reference[request.request_id][start : start + k]
             out.append([t if j < self.correct else (t + 1) % self.vocab_size for j, t in enumerate(tokens)])
         return out
+
+
+class BlindProposer:
+    """Offers k tokens chosen without the model (consecutive ids from the request's length on): almost never the
+    target's choices, so every token of the run but a rare accepted one is a verification forward's first-row
+    choice."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def propose(self, requests, budgets):
+        return [
+            [(r.num_tokens + j) % self.vocab_size for j in range(k)] for r, k in zip(requests, budgets, strict=True)
+        ]
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -105,53 +134,98 @@ def _engine(directory, device, dry_run: bool, *, dummy: bool = True, max_num_seq
     )
 
 
-def _run(engine, prompts: dict[str, list[int]], new_tokens: int) -> tuple[dict[str, list[int]], float, int]:
+def _run(engine, prompts: dict[str, list[int]], new_tokens: int) -> tuple[dict[str, list[int]], float, int, int]:
     """Greedy requests to the end: (tokens per request, seconds from the first token's arrival to the last's,
-    tokens after the first ones)."""
+    tokens after the first ones, steps that scheduled decodes only: verifying or plain)."""
     from engine.sampling_params import SamplingParams
 
     for request_id, prompt in prompts.items():
         engine.add_request(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
     tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
     first = last = None
+    decode_steps = 0
     while engine.has_unfinished_requests():
         outputs = engine.step()
         now = time.perf_counter()
+        step = engine.last_step
+        decode_steps += bool(step.scheduled) and step.num_prefill_tokens == 0
         for out in outputs:
             tokens[out.request_id] += out.new_token_ids
         if outputs and all(tokens.values()):
             first = first or now
             last = now
     decoded = sum(len(t) - 1 for t in tokens.values())
-    return tokens, (last - first), decoded
+    return tokens, (last - first), decoded, decode_steps
 
 
-def _speculation(engine, speculator, proposer=None, max_batch_size: int | None = None) -> None:
-    """Speculation off (speculator None) or on with this proposer and policy."""
-    import dataclasses
+def _forced(policy, max_num_seqs: int):
+    """The policy with speculation forced on: every step of up to max_num_seqs requests verifies."""
+    return dataclasses.replace(policy, max_batch_size=max_num_seqs, min_acceptance_rate=0.0)
 
+
+def _speculation(engine, speculator, proposer=None, policy=None) -> None:
+    """Speculation off (speculator None) or on with this proposer and policy (a SpeculativeConfig)."""
     engine.speculator = speculator
     if speculator is not None:
         speculator.proposer = proposer
-        if max_batch_size is not None:
-            speculator.config = dataclasses.replace(speculator.config, max_batch_size=max_batch_size)
+        speculator.config = policy
         speculator.recent_acceptance_rate = 1.0
 
 
-def _timed(engine, prompts, new_tokens: int, repeats: int) -> tuple[float, dict]:
-    """(median ms per decoded token of one request over `repeats` runs, the speculation counters of the runs)."""
+def _off_reference(tokens: dict[str, list[int]], reference: dict[str, list[int]]) -> tuple[int | None, int]:
+    """(the first output index at which a request's tokens leave its reference, None when none does; how many
+    requests leave it)."""
+    firsts = [next((i for i, (t, r) in enumerate(zip(out, reference[rid])) if t != r), None)
+              for rid, out in tokens.items()]  # fmt: skip
+    off = [i for i in firsts if i is not None]
+    return (min(off) if off else None), len(off)
+
+
+def _timed(engine, prompts, new_tokens: int, repeats: int, reference=None) -> tuple[float, dict, dict]:
+    """(median ms per decoded token of one request over `repeats` runs, the runs' counters, the last run's tokens).
+    The counters: speculation's (drafts, accepted, mean accepted length), decode steps per run that verified and
+    that decoded plainly, and against `reference` the first token off it and the requests that leave it."""
     from bench.engine_common import median
 
-    before = engine.stats()
-    per_token = []
+    spec = engine.speculator
+    before, verifying_before = engine.stats(), spec.stats.num_steps if spec else 0
+    per_token, decode_steps, firsts, num_off = [], 0, [], 0
     for _ in range(repeats):
-        _, seconds, decoded = _run(engine, prompts, new_tokens)
+        tokens, seconds, decoded, steps = _run(engine, prompts, new_tokens)
         per_token.append(1000 * seconds / (decoded / len(prompts)))
+        decode_steps += steps
+        if reference is not None:
+            first, off = _off_reference(tokens, reference)
+            firsts += [] if first is None else [first]
+            num_off = max(num_off, off)
     after = engine.stats()
     drafts = after.spec_num_drafts - before.spec_num_drafts
     accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
-    spec = {"drafts": drafts, "accepted": accepted, "mean_accepted_length": 1 + accepted / drafts if drafts else None}
-    return median(per_token), spec
+    verifying = (spec.stats.num_steps if spec else 0) - verifying_before
+    counters = {"drafts": drafts, "accepted": accepted,
+                "mean_accepted_length": 1 + accepted / drafts if drafts else None,
+                "verify_steps": verifying / repeats, "plain_steps": (decode_steps - verifying) / repeats}  # fmt: skip
+    if reference is not None:
+        counters |= {"first_off_reference": min(firsts) if firsts else None, "requests_off_reference": num_off}
+    return median(per_token), counters, tokens
+
+
+def _reference(engine, speculator, prompts, new_tokens: int, policy, vocab: int) -> tuple[dict, dict]:
+    """Each request's greedy continuation as verification computes it (module docstring): (tokens, counters)."""
+    _speculation(engine, speculator, BlindProposer(vocab), policy)
+    _, counters, tokens = _timed(engine, prompts, new_tokens, 1)
+    return tokens, {k: counters[k] for k in ("drafts", "accepted", "verify_steps", "plain_steps")}
+
+
+def _controlled_row(engine, speculator, prompts, tokens: int, repeats: int, reference, proposer, config,
+                    off_ms: float, **fields) -> dict:  # fmt: skip
+    """One row: requests of `tokens` tokens with this proposer under this policy (config), against the reference;
+    fields label the row (correct: a, policy, draft)."""
+    _speculation(engine, speculator, proposer, config)
+    _timed(engine, prompts, 16 if len(prompts) == 1 else 8, 1)  # warm-up: the verification step's shapes
+    ms, counters, _ = _timed(engine, prompts, tokens, repeats, reference)
+    return {"batch": len(prompts), **fields, "target_length": float(min(fields["correct"] + 1, K + 1)),
+            "ms_per_token": ms, "speedup": off_ms / ms, **counters}  # fmt: skip
 
 
 def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: bool) -> dict:
@@ -165,50 +239,51 @@ def measure_model(name: str, device, ceilings: dict, dry_run: bool, skip_hf: boo
     engine = _engine(directory, device, dry_run, draft=model_dir(draft_name, tiny=dry_run) if draft_name else None)
     speculator = engine.speculator
     draft = speculator.proposer if draft_name else None
-    new_tokens = 16 if dry_run else NEW_TOKENS
+    default = speculator.config
+    new_tokens = DRY_RUN_NEW_TOKENS if dry_run else NEW_TOKENS
     repeats = 1 if dry_run else 3
     rng = random.Random(0)
     one = {"b0": [rng.randrange(vocab) for _ in range(PROMPT_LEN)]}
+    forced = _forced(default, 1)
+    _reference(engine, speculator, one, 16, forced, vocab)  # warm-up: the verification step's shapes
+    reference, counters = _reference(engine, speculator, one, new_tokens + K + 1, forced, vocab)
+    references = [{"batch": 1, **counters}]
     _speculation(engine, None)
-    reference, _, _ = _run(engine, one, new_tokens + K + 1)
     _timed(engine, one, 16, 1)  # warm-up
-    off_ms, _ = _timed(engine, one, new_tokens, repeats)
-    rows = [{"batch": 1, "correct": None, "target_length": 1.0, "ms_per_token": off_ms, "speedup": 1.0}]
-    for correct in range(K + 1):
-        _speculation(engine, speculator, ControlledProposer(reference, correct, vocab))
-        _timed(engine, one, 16, 1)  # warm-up: the verification step's shapes
-        ms, spec = _timed(engine, one, new_tokens, repeats)
-        rows.append({"batch": 1, "correct": correct, "target_length": float(min(correct + 1, K + 1)),
-                     "ms_per_token": ms, "speedup": off_ms / ms, **spec})  # fmt: skip
-        print(f"[spec] {name} batch 1, {correct} right of {K}: {ms:.2f} ms/token ({off_ms / ms:.2f}x) {spec}")
+    off_ms, counters, _ = _timed(engine, one, new_tokens, repeats, reference)
+    rows = [{"batch": 1, "correct": None, "target_length": 1.0, "ms_per_token": off_ms, "speedup": 1.0, **counters}]
+    # (proposer, policy, row labels): a = 0..k under the policy, then a = 0 forced on (every step verifies)
+    runs = [(ControlledProposer(reference, a, vocab), default, {"correct": a}) for a in range(K + 1)]
+    runs.append((ControlledProposer(reference, 0, vocab), forced, {"correct": 0, "policy": "forced on"}))
     if draft is not None:  # the draft's real cost at the controlled acceptances
-        for correct in (0, 2, K):
-            _speculation(engine, speculator, DraftCostProposer(draft, ControlledProposer(reference, correct, vocab)))
-            _timed(engine, one, 16, 1)
-            ms, spec = _timed(engine, one, new_tokens, repeats)
-            length = float(min(correct + 1, K + 1))
-            rows.append({"batch": 1, "correct": correct, "draft": draft_name, "target_length": length,
-                         "ms_per_token": ms, "speedup": off_ms / ms, **spec})  # fmt: skip
-            print(f"[spec] {name} batch 1, draft {draft_name}, {correct} right: {ms:.2f} ms/token, {off_ms / ms:.2f}x")
+        for a in (0, 2, K):
+            proposer = DraftCostProposer(draft, ControlledProposer(reference, a, vocab))
+            # at a = 0 the policy would leave most steps plain, the draft idle: its cost needs every step to verify
+            labels = {"correct": a, "draft": draft_name} | ({"policy": "forced on"} if a == 0 else {})
+            runs.append((proposer, forced if a == 0 else default, labels))
     batch = 20 if dry_run else BATCH  # above the policy's default limit of 16 either way
     batch_tokens = 8 if dry_run else BATCH_TOKENS
     many = {f"b{i}": [rng.randrange(vocab) for _ in range(PROMPT_LEN)] for i in range(batch)}
+    for proposer, policy, labels in runs:
+        rows.append(_controlled_row(engine, speculator, one, new_tokens, repeats, reference, proposer, policy, off_ms,
+                                    **labels))  # fmt: skip
+        print(f"[spec] {name} {rows[-1]}")
+    reference, counters = _reference(engine, speculator, many, batch_tokens + K + 1, _forced(default, batch), vocab)
+    references.append({"batch": batch, **counters})
     _speculation(engine, None)
-    reference, _, _ = _run(engine, many, batch_tokens + K + 1)
-    off_ms, _ = _timed(engine, many, batch_tokens, repeats)
-    rows.append({"batch": batch, "correct": None, "target_length": 1.0, "ms_per_token": off_ms, "speedup": 1.0})
-    for label, max_batch in (("policy default", None), ("forced on", batch)):
-        _speculation(engine, speculator, ControlledProposer(reference, 2, vocab), max_batch)
-        _timed(engine, many, 8, 1)
-        ms, spec = _timed(engine, many, batch_tokens, repeats)
-        rows.append({"batch": batch, "correct": 2, "policy": label, "target_length": 3.0, "ms_per_token": ms,
-                     "speedup": off_ms / ms, **spec})  # fmt: skip
-        print(f"[spec] {name} batch {batch}, {label}: {ms:.2f} ms/token ({off_ms / ms:.2f}x) {spec}")
+    off_ms, counters, _ = _timed(engine, many, batch_tokens, repeats, reference)
+    rows.append({"batch": batch, "correct": None, "target_length": 1.0, "ms_per_token": off_ms, "speedup": 1.0,
+                 **counters})  # fmt: skip
+    for label, policy in (("policy default", default), ("forced on", _forced(default, batch))):
+        proposer = ControlledProposer(reference, 2, vocab)
+        rows.append(_controlled_row(engine, speculator, many, batch_tokens, repeats, reference, proposer, policy,
+                                    off_ms, correct=2, policy=label))  # fmt: skip
+        print(f"[spec] {name} {rows[-1]}")
     del engine
     from bench.engine_common import free_device_memory
 
     free_device_memory(device)
-    return {"k": K, "prompt_len": PROMPT_LEN, "rows": rows}
+    return {"k": K, "prompt_len": PROMPT_LEN, "new_tokens": new_tokens, "references": references, "rows": rows}
 
 
 def _measure_ngram_on_smollm2(device, dry_run: bool) -> dict:
@@ -220,17 +295,31 @@ def _measure_ngram_on_smollm2(device, dry_run: bool) -> dict:
     repeats = 1 if dry_run else 3
     _speculation(engine, None)
     _timed(engine, prompt, 16, 1)
-    off_ms, _ = _timed(engine, prompt, new_tokens, repeats)
+    off_ms, _, _ = _timed(engine, prompt, new_tokens, repeats)
     from engine.proposers import NgramProposer
 
-    _speculation(engine, speculator, NgramProposer())
+    _speculation(engine, speculator, NgramProposer(), speculator.config)
     _timed(engine, prompt, 16, 1)
-    ms, spec = _timed(engine, prompt, new_tokens, repeats)
+    ms, spec, _ = _timed(engine, prompt, new_tokens, repeats)
     rows = [
         {"batch": 1, "proposer": "off", "ms_per_token": off_ms, "speedup": 1.0},
         {"batch": 1, "proposer": "ngram", "ms_per_token": ms, "speedup": off_ms / ms, **spec},
     ]
     return {"k": K, "rows": rows}
+
+
+def _steps(row: dict) -> str:
+    verify, plain = row.get("verify_steps"), row.get("plain_steps")
+    return "" if verify is None else f"{verify:g} / {plain:g}"
+
+
+def _off_reference_cell(row: dict) -> str:
+    if "first_off_reference" not in row:
+        return ""
+    first = row["first_off_reference"]
+    if first is None:
+        return "none"
+    return f"{first}" if row["batch"] == 1 else f"{first} ({row['requests_off_reference']} of {row['batch']})"
 
 
 def markdown(results: dict) -> str:
@@ -244,8 +333,16 @@ def markdown(results: dict) -> str:
         if "error" in model:
             lines += [f"error: {model['error']}", ""]
             continue
-        lines += ["| batch | proposals | intended accepted length | measured | ms/token | speedup |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for ref in model.get("references", []):
+            lines.append(f"Reference at batch {ref['batch']}: {ref['verify_steps']:g} decode steps verified blind "
+                         f"proposals (tokens accepted by chance: {ref['accepted']}), {ref['plain_steps']:g} decoded "
+                         "plainly.")  # fmt: skip
+        lines += ["", "Decode steps: per run, those that verified proposals / those that decoded plainly. First token "
+                  "off the reference: the first output index at which a run's tokens differ from the reference "
+                  "(at a batch, and how many requests differ).", ""] if model.get("references") else []  # fmt: skip
+        lines += ["| batch | proposals | intended accepted length | measured | decode steps verified / plain | "
+                  "first token off the reference | ms/token | speedup |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for row in model["rows"]:
             what = row.get("proposer") or ("off" if row.get("correct") is None else f"{row['correct']} of {K} right")
             if row.get("policy"):
@@ -255,7 +352,8 @@ def markdown(results: dict) -> str:
             measured = row.get("mean_accepted_length")
             lines.append(
                 f"| {row['batch']} | {what} | {row.get('target_length', '')} | "
-                f"{'' if measured is None else f'{measured:.2f}'} | {row['ms_per_token']:.2f} | {row['speedup']:.2f}x |"
+                f"{'' if measured is None else f'{measured:.2f}'} | {_steps(row)} | {_off_reference_cell(row)} | "
+                f"{row['ms_per_token']:.2f} | {row['speedup']:.2f}x |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
