@@ -7,7 +7,6 @@ has launched its own work (the host's Python overlaps the device's step).
 from __future__ import annotations
 
 import logging
-import random
 import time
 
 import torch
@@ -16,21 +15,22 @@ from engine import ops
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import make_detokenizer
+from engine.engine_setup import build_model_runner, resolve_device, resolve_dtype, step_graphs
 from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep
 from engine.live_requests import LiveRequests
 from engine.model_loader import load_model
-from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
 from engine.outputs import EngineStats, RequestOutput, StepRecord
-from engine.parallel.group import SINGLE, TensorParallel
+from engine.parallel.group import SINGLE
 from engine.parallel.launch import RankGroup
 from engine.request import FinishReason, Request, RequestStatus
-from engine.request_checks import check_prompt, split_priors
-from engine.sampling_params import MAX_SEED, SamplingParams, check_priority
+from engine.request_checks import check_prompt
+from engine.request_choices import choices_of, reads_history
+from engine.sampling_params import SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.speculator import build_speculator
-from engine.structured_output.admission import GrammarWaitList
+from engine.structured_output.admission import ConstrainedAdmission
 from engine.structured_output.compiler import GrammarCompileService
 from engine.structured_output.constraint import constraint_key
 from engine.tokenizer import (
@@ -43,26 +43,6 @@ from engine.tokenizer import (
 from kernels._pdl import set_pdl, use_pdl
 
 logger = logging.getLogger(__name__)
-
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-def child_seed(seed: int, index: int) -> int:
-    """Choice i of an n > 1 request gets its own stream, still a function of the seed."""
-    return seed if index == 0 else (seed + index * _GOLDEN) % (MAX_SEED + 1)
-
 
 class LLMEngine:
     """The engine: one model on one device, continuously batched.
@@ -113,7 +93,7 @@ class LLMEngine:
         sched = config.scheduler
         # NOTE: before the runner: on CUDA the model's KV pool takes the memory a draft model leaves
         self.speculator = build_speculator(
-            config, self.device, self.dtype, self.vocab_size, self.max_model_len, _step_graphs(config), cache_dir
+            config, self.device, self.dtype, self.vocab_size, self.max_model_len, step_graphs(config), cache_dir
         )
         self.runner = build_model_runner(config, self.model, self.device, self.dtype, self.max_model_len, tp)
         self.block_manager = BlockManager(
@@ -130,11 +110,8 @@ class LLMEngine:
         self.last_step = StepRecord()
         self._num_steps = 0
         self._num_prompt_computed = 0
-        # structured output: the compiler is built on the first constrained request (xgrammar's tokenizer
-        # tables take a second), then kept; grammar_compile_timeout_s bounds each request's wait
-        self.grammar_compile_timeout_s = 10.0
-        self._grammars: GrammarCompileService | None = None
-        self._grammar_wait: GrammarWaitList | None = None
+        # structured output: constrained requests wait out of the scheduler for their grammar
+        self.constrained = ConstrainedAdmission(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
         logger.info(
             "engine ready: %s on %s (%s), max_model_len %d, kernels %s, PDL %s, %.1fs",
             self.model_dir,
@@ -184,58 +161,41 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already running")
         check_priority(priority)
         check_prompt(prompt_token_ids, params, self.max_model_len, self.vocab_size)
-        priors = split_priors(prior_output_token_ids, params.n)
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
         ids = []
         constrained: list[Request] = []
-        for index in range(params.n):
-            internal_id = request_id if params.n == 1 else f"{request_id}#{index}"
-            prior = priors[index]
-            request = Request(
-                request_id=internal_id,
-                prompt_token_ids=list(prompt_token_ids) + prior,
-                sampling_params=params,
-                eos_token_ids=self.eos_token_ids,
-                priority=priority,
-                seed=child_seed(seed, index),
-                num_prior_output_tokens=len(prior),
-                parent_id=request_id if params.n > 1 else None,
-                choice_index=index,
-                max_num_tokens=self._max_num_tokens(len(prompt_token_ids) + len(prior), len(prior), params),
-            )
+        for request in choices_of(request_id, prompt_token_ids, params, prior_output_token_ids, priority,
+                                  self.eos_token_ids, self.max_model_len):  # fmt: skip
             detokenizer = make_detokenizer(
                 self._token_decoder, request.prompt_token_ids, params.stop, params.skip_special_tokens
             )
-            self.live.add(request, detokenizer, reads_history=_reads_history(params))
+            self.live.add(request, detokenizer, reads_history=reads_history(params))
             if params.structured_output is None:
                 self.scheduler.add_request(request)
             else:
                 constrained.append(request)
-            ids.append(internal_id)
+            ids.append(request.request_id)
         self.live.children[request_id] = ids
         if constrained:  # scheduled once the grammar compiled (`_admit_compiled`)
-            key = constraint_key(params.structured_output)
-            self._grammar_wait_list().add(key[0], self.grammar_service().submit(key), constrained)
+            self.constrained.submit(constraint_key(params.structured_output), constrained)
+
+    @property
+    def grammar_compile_timeout_s(self) -> float:
+        """How long a constrained request waits for its grammar (the worker sets it from its settings)."""
+        return self.constrained.timeout_s
+
+    @grammar_compile_timeout_s.setter
+    def grammar_compile_timeout_s(self, value: float) -> None:
+        self.constrained.timeout_s = value
 
     def grammar_service(self) -> GrammarCompileService:
         """The engine's grammar compiler (built on first use)."""
-        if self._grammars is None:
-            self._grammars = GrammarCompileService(
-                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids), timeout_s=self.grammar_compile_timeout_s
-            )
-        return self._grammars
-
-    def _grammar_wait_list(self) -> GrammarWaitList:
-        if self._grammar_wait is None:
-            self._grammar_wait = GrammarWaitList(self.grammar_service())
-        return self._grammar_wait
+        return self.constrained.service()
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is now compiled go to the scheduler; those whose constraint failed end with
-        an error naming its field, before any token. An engine with nothing else to do waits a few ms for a
-        compile instead of spinning."""
+        an error naming its field, before any token."""
         idle = not self.scheduler.has_unfinished() and not self._in_flight
-        ready, failed = self._grammar_wait.poll(idle_wait_s=0.005 if idle else 0.0)
+        ready, failed = self.constrained.poll(idle)
         for request in ready:
             self.scheduler.add_request(request)
         outputs = []
@@ -243,12 +203,6 @@ class LLMEngine:
             self.scheduler.finish_request(request, FinishReason.ERROR, message)
             outputs.append(self.output_processor.finished_output(request, [], "", None))
         return outputs
-
-    def _max_num_tokens(self, num_tokens: int, num_prior: int, params: SamplingParams) -> int:
-        """Tokens the request may hold in all: the limit the scheduler keeps pending tokens under."""
-        if params.max_tokens is None:
-            return self.max_model_len
-        return min(self.max_model_len, num_tokens + params.max_tokens - num_prior)
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """Aborts every choice of the request, freeing its KV blocks now."""
@@ -264,7 +218,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """True while any request runs or waits, or a launched step's tokens are still unread for a
         request that has not finished (an aborted request's last step needs no reading)."""
-        if self.scheduler.has_unfinished() or self._grammar_wait:
+        if self.scheduler.has_unfinished() or self.constrained:
             return True
         return any(not s.request.is_finished for sched, _ in self._in_flight for s in sched.scheduled)
 
@@ -286,7 +240,7 @@ class LLMEngine:
         # speculation needs each request's newest token on the host: such a step reads every step in flight
         speculate = self.speculator is not None and self.speculator.wants_step(self.scheduler.num_running)
         overlap = self.async_scheduling and not self.live.sync_ids and not speculate
-        if self._grammar_wait:
+        if self.constrained:
             outputs += self._admit_compiled()
         if not overlap:
             outputs += self._collect()
@@ -421,8 +375,9 @@ class LLMEngine:
 
     # ---- counters ------------------------------------------------------------------
     def close(self) -> None:
-        """Ends the other ranks of a tensor-parallel group (nothing to do without one); the engine serves no
-        further step."""
+        """Stops the grammar compiler's threads and the other ranks of a tensor-parallel group; the engine serves
+        no further step."""
+        self.constrained.shutdown()
         if self.rank_group is not None:
             self.runner.close()
             self.rank_group.close()
@@ -448,41 +403,3 @@ class LLMEngine:
             spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
             spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
         )
-
-
-def build_model_runner(
-    config: EngineConfig, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, max_model_len: int,
-    tp: TensorParallel = SINGLE,
-) -> ModelRunner:  # fmt: skip
-    """The engine's ModelRunner; every rank of a tensor-parallel group builds it from the same config."""
-    sched = config.scheduler
-    return ModelRunner(
-        model,
-        device,
-        dtype,
-        block_size=config.cache.block_size,
-        num_kv_tokens=config.cache.num_kv_tokens,
-        gpu_memory_utilization=config.cache.gpu_memory_utilization,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        max_num_seqs=sched.max_num_seqs,
-        max_model_len=max_model_len,
-        step_graphs=_step_graphs(config),
-        tp=tp,
-    )
-
-
-def _step_graphs(config: EngineConfig) -> str:
-    """ModelRunner's step_graphs: captured graphs; or, for enforce_eager, the same padded steps run eagerly
-    (built at start, not inside served steps); the torch-reference kernels read sequence lengths on the
-    host, which a padded step's buffers hold only as placeholders, so they run every step at its own size."""
-    if config.kernels == "torch":
-        return "off"
-    return "eager" if config.enforce_eager else "capture"
-
-
-def _reads_history(params: SamplingParams) -> bool:
-    """Sampling that reads the request's earlier tokens on the host: it needs the previous
-    step's tokens before it runs, so steps with such a request are not overlapped. (A grammar's mask also
-    needs the previous token, but only on the host once the next forward is queued: ModelRunner reads it
-    then, so constrained requests keep the overlap.)"""
-    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     # torch loads only now, after the flags parsed (`--help` and a bad flag answer at once).
-    from engine.llm_engine import resolve_device
+    from engine.engine_setup import resolve_device
     from worker.cpu_threads import apply_cpu_threads
 
     apply_cpu_threads(settings.cpu_threads, resolve_device(settings.device))

@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from engine import ops
 from engine.config import EngineConfig
+from engine.engine_setup import build_model_runner, resolve_device, resolve_dtype
+from engine.model_loader import load_model
 from engine.parallel.group import TensorParallel
 from kernels._pdl import set_pdl
 
@@ -31,10 +33,6 @@ def follower_main(
     config: EngineConfig, rank: int, init_method: str, backend: str, cache_dir: str | None, parent_pid: int
 ) -> None:
     """The process of rank `rank` (spawned by engine/parallel/launch.py)."""
-    # NOTE: imported here, not at the top: engine.llm_engine imports engine.parallel.launch, which imports this
-    from engine.llm_engine import build_model_runner, resolve_device, resolve_dtype
-    from engine.model_loader import load_model
-
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp-rank{rank} %(levelname)s %(name)s: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="inferq-tp-parent", daemon=True).start()
     size = config.parallel.tensor_parallel_size

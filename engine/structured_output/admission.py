@@ -1,5 +1,6 @@
 """Requests whose grammar is compiling: held out of the scheduler until it is ready, so a slow compile never
-stalls the engine loop or the other requests."""
+stalls the engine loop or the other requests (GrammarWaitList), and the engine's one compiler and wait list,
+built on the first constrained request (ConstrainedAdmission)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,48 @@ class GrammarWaitList:
                 ready.append(request)
         self._waiting = still
         return ready, failed
+
+
+class ConstrainedAdmission:
+    """The engine's grammar compiler and wait list, built on the first constrained request (xgrammar's
+    tokenizer tables take a second), then kept.
+
+    Args:
+        tokenizer, vocab_size, eos_token_ids: what the compiler needs of the model.
+        timeout_s: how long a request waits for its grammar (settable until the compiler is built).
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int], timeout_s: float = 10.0) -> None:  # noqa: ANN001
+        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self.timeout_s = timeout_s
+        self._service: GrammarCompileService | None = None
+        self._waiting: GrammarWaitList | None = None
+
+    def __bool__(self) -> bool:
+        """Whether any request waits for its grammar."""
+        return bool(self._waiting)
+
+    def shutdown(self) -> None:
+        """Stops the compiler's threads (where it was built)."""
+        if self._service is not None:
+            self._service.shutdown()
+
+    def service(self) -> GrammarCompileService:
+        if self._service is None:
+            self._service = GrammarCompileService(
+                self.tokenizer, self.vocab_size, self.eos_token_ids, timeout_s=self.timeout_s
+            )
+        return self._service
+
+    def submit(self, key: tuple[str, str], requests: list[Request]) -> None:
+        """Every choice of one caller's request, held until the grammar of `key` compiled."""
+        if self._waiting is None:
+            self._waiting = GrammarWaitList(self.service())
+        self._waiting.add(key[0], self.service().submit(key), requests)
+
+    def poll(self, idle: bool) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """GrammarWaitList.poll; an engine with nothing else to do (idle) waits a few ms for a compile instead
+        of spinning."""
+        if self._waiting is None:
+            return [], []
+        return self._waiting.poll(idle_wait_s=0.005 if idle else 0.0)

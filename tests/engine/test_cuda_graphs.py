@@ -45,8 +45,8 @@ def test_capture_sizes_are_vllm_buckets() -> None:
 
 def test_the_engine_config_picks_how_small_steps_run() -> None:
     """Graphs by default; enforce_eager pads to the same buckets without capture; the torch-reference kernels
-    read lengths on the host, so their steps run at their own size (engine.llm_engine._step_graphs)."""
-    from engine.llm_engine import _step_graphs
+    read lengths on the host, so their steps run at their own size (engine.engine_setup.step_graphs)."""
+    from engine.engine_setup import step_graphs as _step_graphs
 
     model = ModelConfig(model="unused")
     assert _step_graphs(EngineConfig(model=model)) == "capture"

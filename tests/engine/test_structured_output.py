@@ -33,8 +33,7 @@ SCHEMA = {
 def engine(smollm2_dir):
     engine = make_engine(smollm2_dir, max_model_len=512, num_kv_tokens=4096)
     yield engine
-    if engine._grammars is not None:
-        engine._grammars.shutdown()
+    engine.constrained.shutdown()
 
 
 def _prompt(engine, text: str) -> list[int]:
@@ -246,7 +245,7 @@ def test_constrained_requests_beside_speculating_ones_keep_their_tokens(engine, 
     try:
         got = run(speculating, requests)
     finally:
-        speculating._grammars.shutdown()
+        speculating.constrained.shutdown()
     assert got == run(engine, requests)
     assert got["json"][0][2] == "stop" and got["json"][0][3] is None
     jsonschema.validate(json.loads(got["json"][0][1]), SCHEMA)
