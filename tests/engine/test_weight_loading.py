@@ -26,6 +26,7 @@ BENCH_CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 BENCH_MODELS = {
     "Llama-3.2-1B": ("LlamaForCausalLM", 1_235_814_400),
     "Llama-3.1-8B": ("LlamaForCausalLM", 8_030_261_248),
+    "Llama-3.1-70B": ("LlamaForCausalLM", 70_553_706_496),  # the tensor-parallel benchmark's 4-GPU shape
     "Qwen3-0.6B": ("Qwen3ForCausalLM", 596_049_920),
     "Qwen2.5-0.5B": ("Qwen2ForCausalLM", 494_032_768),
     "SmolLM2-135M": ("LlamaForCausalLM", 134_515_008),  # the packaged default model's shape
