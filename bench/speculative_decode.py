@@ -202,11 +202,12 @@ def _timed(engine, prompts, new_tokens: int, repeats: int, reference=None) -> tu
     drafts = after.spec_num_drafts - before.spec_num_drafts
     accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
     verifying = (spec.stats.num_steps if spec else 0) - verifying_before
+    # a verifying step may also carry another request's prefill chunk: not a decode-only step, so plain steps are
+    # the decode-only steps past the verifying ones, at least none
+    plain = max(0, decode_steps - verifying)
     counters = {"drafts": drafts, "accepted": accepted,
                 "mean_accepted_length": 1 + accepted / drafts if drafts else None,
-                # a verifying step may also carry another request's prefill chunk: not a decode-only step, so
-                # plain steps are the decode-only steps past the verifying ones, at least none
-                "verify_steps": verifying / repeats, "plain_steps": max(0, decode_steps - verifying) / repeats}  # fmt: skip
+                "verify_steps": verifying / repeats, "plain_steps": plain / repeats}  # fmt: skip
     if reference is not None:
         counters |= {"first_off_reference": min(firsts) if firsts else None, "requests_off_reference": num_off}
     return median(per_token), counters, tokens
