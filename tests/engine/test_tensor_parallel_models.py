@@ -5,6 +5,10 @@ The tiny checkpoints (tests/engine/checkpoints.py) have 4 query heads over 2 KV 
 each KV head on two ranks; their vocabulary (49,152) splits evenly, so an untied embedding is vocabulary-
 parallel; the MoE checkpoints cover a shared expert (Qwen2-MoE), a dense layer among sparse ones (Qwen3-MoE)
 and both expert layouts.
+
+Quantized at load, a row-parallel projection's per-channel (or per-group) scales cover its rank's columns only,
+so 2 ranks quantize differently from one: the test holds their error against the unquantized logits to that of
+one rank (docs/tensor-parallelism.md).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from tests.engine.checkpoints import build_tiny_checkpoint
 from tests.engine.tp_ranks import model_logits_rank
 
 ATOL = 1e-4
+QUANTIZATIONS = ("int8", "int4", "fp8")
 KINDS = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 
 
-def run_ranks(size: int, model_dirs: list[Path], tmp_path: Path) -> dict[str, dict]:
-    """Spawns `size` gloo ranks over the checkpoints; returns rank 0's outputs by directory."""
+def run_ranks(size: int, model_dirs: list[Path] | list[str], tmp_path: Path) -> dict[str, dict]:
+    """Spawns `size` gloo ranks over the checkpoints (tp_ranks.model_logits_rank's entries); returns rank 0's
+    outputs by entry."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / f"tp{size}.pt"
     rendezvous = f"file://{tmp_path / f'rendezvous{size}'}"
     mp.start_processes(
@@ -52,6 +59,20 @@ def model_dirs(
 @pytest.fixture(scope="module")
 def one_rank(model_dirs: list[Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return run_ranks(1, model_dirs, tmp_path_factory.mktemp("tp1"))
+
+
+def test_two_ranks_quantized_at_load_err_as_one_rank_does(tiny_checkpoint, tmp_path):
+    llama = str(tiny_checkpoint("llama"))
+    entries = [llama] + [f"{llama}@{q}" for q in QUANTIZATIONS]
+    one = run_ranks(1, entries, tmp_path / "one")
+    two = run_ranks(2, [f"{llama}@{q}" for q in QUANTIZATIONS], tmp_path / "two")
+    exact = one[llama]["logits"]
+    for q in QUANTIZATIONS:
+        err_one = (one[f"{llama}@{q}"]["logits"] - exact).abs()
+        err_two = (two[f"{llama}@{q}"]["logits"] - exact).abs()
+        assert err_one.mean() > 0, q  # the scheme changed the weights at all
+        assert err_two.mean() <= 1.25 * err_one.mean(), (q, err_two.mean().item(), err_one.mean().item())
+        assert err_two.max() <= 1.5 * err_one.max(), (q, err_two.max().item(), err_one.max().item())
 
 
 @pytest.mark.parametrize("size", [2, 4])

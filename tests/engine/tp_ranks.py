@@ -23,9 +23,11 @@ GREEDY_TOKENS = 12
 
 
 @torch.no_grad()
-def model_outputs(model_dir: Path, tp: TensorParallel) -> dict[str, object]:
-    """Every logit row of three paged steps and a greedy continuation, for one checkpoint on one rank."""
-    model = load_model(ModelConfig(model=str(model_dir)), torch.device("cpu"), torch.float32, tp=tp).model
+def model_outputs(model_dir: Path, tp: TensorParallel, quantization: str | None = None) -> dict[str, object]:
+    """Every logit row of three paged steps and a greedy continuation, for one checkpoint on one rank
+    (quantized at load where `quantization` names a scheme)."""
+    config = ModelConfig(model=str(model_dir), quantization=quantization)
+    model = load_model(config, torch.device("cpu"), torch.float32, tp=tp).model
     harness = PagedHarness(model)
     rows = [harness.step(PROMPTS)]  # varlen prefill
     rows.append(harness.step({name: [11] for name in PROMPTS}))  # decode
@@ -36,13 +38,17 @@ def model_outputs(model_dir: Path, tp: TensorParallel) -> dict[str, object]:
 
 
 def model_logits_rank(rank: int, size: int, rendezvous: str, model_dirs: list[str], out: str) -> None:
-    """One rank of `size`: each checkpoint's outputs; rank 0 saves them to `out`."""
+    """One rank of `size`: each checkpoint's outputs; rank 0 saves them to `out`. An entry "DIR@SCHEME" quantizes
+    DIR's checkpoint at load."""
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size)
     try:
         tp = TensorParallel(rank, size, dist.group.WORLD) if size > 1 else SINGLE
-        results = {d: model_outputs(Path(d), tp) for d in model_dirs}
+        results = {}
+        for entry in model_dirs:
+            model_dir, _, quantization = entry.partition("@")
+            results[entry] = model_outputs(Path(model_dir), tp, quantization or None)
         if rank == 0:
             torch.save(results, out)
     finally:
