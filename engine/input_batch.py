@@ -40,6 +40,7 @@ import torch
 
 from engine import ops
 from engine.attention_metadata import AttentionMetadata
+from engine.block_table_rows import HostBlockTables
 from engine.launched_step import SampledTokens
 from engine.request import Request
 from engine.scheduler import ScheduledRequest
@@ -106,14 +107,9 @@ class InputBatch:
         # the device needs only the head: the staged table rows go straight into block_tables
         self._dev32 = torch.zeros(2 * _align(max_num_seqs + 1), dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device)
-        self._host_tables = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
+        self._tables = HostBlockTables(max_num_seqs, max_blocks_per_seq)
+        self._host_tables = self._tables.rows
         self._buffers = StagingBuffers(self._host64, self._dev64, self._host32, self._dev32, self.block_tables)
-        # NOTE: a row is reused as-is when it holds the same block list object as last step:
-        # the block manager's lists only grow while their request holds its blocks (a freed
-        # request's list is dropped and a new one made on reallocation). Holding the reference
-        # keeps its id from being reused.
-        self._row_blocks: list[list[int] | None] = [None] * max_num_seqs
-        self._row_len = [0] * max_num_seqs
         self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
         self._copied = torch.cuda.Event() if pin else None  # recorded behind the kernel that reads the host buffers
         self.num_pending_staged = 0  # input ids staged as pending (tests: async steps took the device's tokens)
@@ -172,7 +168,7 @@ class InputBatch:
         self._np64[3 * a : 3 * a + s] = 0  # sampling rows: every sequence samples token 0's hidden state
         self._stage(3 * a + s, sa + s + 1)
         self.block_tables[:s].zero_()
-        self._row_blocks[:s] = [None] * s
+        self._tables.forget(s)
 
     def fill_dummy_decode(self, num_rows: int) -> None:
         """A harmless decode batch for warm-up and capture: token 0 at position 0, no KV write
@@ -185,12 +181,12 @@ class InputBatch:
         self._np32[sa : sa + b + 1] = self._arange[: b + 1]
         self._stage(2 * a + b, sa + b + 1)
         self.block_tables[:b].zero_()
-        self._row_blocks[:b] = [None] * b  # the device rows no longer match the host rows
+        self._tables.forget(b)  # the device rows no longer match the host rows
 
     def invalidate_tables(self) -> None:
         """Forget which block-table rows the device holds (after a step failed half-way): every
         row is rewritten and copied the next time it is used."""
-        self._row_blocks = [None] * self.max_num_seqs
+        self._tables.forget(self.max_num_seqs)
 
     # ---- one step ---------------------------------------------------------------
     def prepare(
@@ -222,7 +218,7 @@ class InputBatch:
                              + (" (a decode bucket needs one token per sequence)" if decode else ""))  # fmt: skip
         t = pad_tokens
         a, sa = _align(t), _align(padded + 1)
-        width_used, tables_changed = self._update_tables(scheduled)
+        width_used, tables_changed = self._tables.update(scheduled)
         waiting: list[tuple[int, Request]] = []  # (input index, request) of pending tokens
         if decode:
             seq_lens, query_lens = self._fill_decode(scheduled, padded, waiting)
@@ -277,32 +273,6 @@ class InputBatch:
     def device_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The three device tensors a step's forward reads: int64 head, int32 head, block table [Smax, W]."""
         return self._dev64, self._dev32, self.block_tables
-
-    def _update_tables(self, scheduled: list[ScheduledRequest]) -> tuple[int, bool]:
-        """Brings host block-table rows up to date; returns (M, whether any row changed)."""
-        tables = self._host_tables
-        row_blocks, row_len = self._row_blocks, self._row_len
-        width_used = 1
-        changed = False
-        for i, item in enumerate(scheduled):
-            blocks = item.block_ids
-            n = len(blocks)
-            if n > width_used:
-                width_used = n
-            if n > self.width:
-                raise ValueError(f"a sequence holds {n} blocks, more than the block table's width {self.width}")
-            done = row_len[i]
-            if row_blocks[i] is blocks and done <= n:
-                if done < n:
-                    tables[i, done:n] = blocks[done:]
-                    row_len[i] = n
-                    changed = True
-                continue
-            tables[i, :n] = blocks
-            row_blocks[i] = blocks
-            row_len[i] = n
-            changed = True
-        return width_used, changed
 
     def _stage_pending(self, waiting: list[tuple[int, Request]], pending: SampledTokens | None) -> None:
         """Stages each pending token's input id as -1 - its row in `pending` (kernels/stage_batch.py

@@ -36,7 +36,7 @@ from engine.kv_cache import (
     reserve_activation_room,
 )
 from engine.launched_step import LaunchedStep, ModelRunnerOutput, SampledTokens, timer_hook
-from engine.parallel.group import SINGLE, RankGroupBroken, TensorParallel
+from engine.parallel.group import SINGLE, RankGroupBroken, TensorParallel, group_broken
 from engine.parallel.step_mirror import StepHeader, StepMirror
 from engine.prompt_logprobs import PromptChunk, step_prompt_logprobs
 from engine.request import Request
@@ -240,7 +240,7 @@ class ModelRunner:
             if self.mirror is not None and self.mirror.num_sent > sent and not isinstance(exc, RankGroupBroken):
                 # the other ranks run this step's forward too: after a failure here their collectives and this
                 # rank's no longer pair up, so the group cannot serve another step
-                raise RankGroupBroken(f"rank 0 failed a step the other ranks started: {exc!r}") from exc
+                raise group_broken(f"rank 0 failed a step the other ranks started: {exc!r}") from exc
             raise
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ layers exactly as without tensor parallelism.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -28,6 +29,14 @@ class RankGroupBroken(BaseException):
     rank died): no further step can be served. A BaseException, so that the engine's per-request failure
     handling, which catches Exception, does not retry on a group that can no longer answer: the worker exits
     and another resumes its requests."""
+
+
+def group_broken(message: str) -> RankGroupBroken:
+    """The error to raise after a collective failed. A rank that died fails gloo's collectives at once: this
+    first gives rank 0's watch (engine/parallel/launch.py) the time to name the rank and end the process with
+    its exit code; a failure with every rank alive comes back as the group's end."""
+    time.sleep(3 * RANK_WATCH_INTERVAL_S)
+    return RankGroupBroken(message)
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,12 @@ NOTE: the broadcasts are queued on the device's stream behind the staging kernel
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from engine.input_batch import InputBatch, StepInputs
-from engine.parallel.group import RANK_WATCH_INTERVAL_S, RankGroupBroken, TensorParallel
+from engine.parallel.group import TensorParallel, group_broken
 
 
 @dataclass
@@ -76,10 +75,7 @@ class StepMirror:
             if header.op == "step":
                 self._broadcast(header)
         except Exception as exc:
-            # a rank that died fails gloo's collectives at once: the watch (engine/parallel/launch.py) names it
-            # and ends the process within its interval; another failure is raised as the group's end
-            time.sleep(3 * RANK_WATCH_INTERVAL_S)
-            raise RankGroupBroken(f"tensor parallel broadcast of step {self.num_sent} failed: {exc!r}") from exc
+            raise group_broken(f"tensor parallel broadcast of step {self.num_sent} failed: {exc!r}") from exc
         self.num_sent += 1
 
     def send_step(self, step: StepInputs, bucket: tuple[int, int] | None, greedy: bool) -> None:
