@@ -32,7 +32,7 @@ class AttentionMetadata:
         max_seq_len: largest seq_lens entry.
         seq_lens_cpu, query_lens_cpu: host copies (the torch reference loops over them).
         decode_order: [S] the sequences longest context first, for the decode kernel's grid, or None
-            (set by the model runner before each forward: engine.ops.decode_order).
+            (set by the model runner before each forward: engine.attention_ops.decode_order).
     """
 
     slot_mapping: torch.Tensor

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import ops
+from engine import attention_ops, ops
 from engine.attention_metadata import AttentionMetadata
 from engine.cuda_graphs import GraphOutputs, StepGraphs
 from engine.input_batch import InputBatch, StepInputs
@@ -148,7 +148,7 @@ class ModelRunner:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The model over one step; a captured graph replays this (the decode order's sort included)."""
-        meta.decode_order = ops.decode_order(meta, self.spec.num_kv_heads)
+        meta.decode_order = attention_ops.decode_order(meta, self.spec.num_kv_heads)
         return self.model(input_ids, positions, self.kv_caches, meta)
 
     # ---- warm-up --------------------------------------------------------

@@ -1,5 +1,8 @@
 """Where the engine chooses, per call, a Triton kernel or its torch reference: every kernel the engine
-launches is called through a function here.
+launches is called through a function here or in one of the dispatch modules that share this one's setting:
+engine/attention_ops.py (the KV store and paged attention), engine/moe_ops.py (the router and the routed
+experts) and engine/quant_ops.py (the quantized matmuls). This module holds the setting and the ops of the
+dense layers (norms, activations, projections and their fused one-token paths), the step's staging and sampling.
 
 Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
 only helpers that launch nothing: the PDL switch (engine/llm_engine.py), the pinned buffers the staging kernel
@@ -26,21 +29,13 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from engine.attention_metadata import AttentionMetadata
 from engine.torch_sampling import random_sample_torch
 from kernels._pdl import use_pdl
-from kernels.decode_attention import paged_decode_attention_ref
-from kernels.fused_moe import fused_experts_ref
 from kernels.gelu_tanh import gelu_tanh_ref
 from kernels.gelu_tanh_and_mul import gelu_tanh_and_mul_ref
 from kernels.greedy_sample import greedy_sample_ref
-from kernels.kv_store import store_kv_ref
 from kernels.layer_norm import layer_norm_ref
-from kernels.moe_router import moe_route_ref
-from kernels.prefill_attention import paged_prefill_attention_ref
-from kernels.quant_matmul import fp8_matmul_ref, int4_matmul_ref, int8_matmul_ref, nf4_matmul_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rope_store_kv import rope_store_kv_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 from kernels.stage_batch import StagingBuffers, stage_batch_ref
 from kernels.token_bitmask import apply_token_bitmask_ref
@@ -231,52 +226,6 @@ def rms_norm_qkv_rope(
                   slot_mapping, num_q_heads)  # fmt: skip
 
 
-# Quantized linear layers (engine/quantization/quantized_weight.py; layouts: kernels/quant_formats.py). A
-# quantized layer never takes the fused one-token paths above (gemv, rms_norm_gemv, rms_norm_qkv_rope): those
-# read a dense weight; its layer runs the norm and this matmul apart.
-
-
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """x [T, K] (q * s)^T -> [T, N]."""
-    if use_triton(x):
-        from kernels.quant_matmul import int8_matmul as kernel
-
-        return kernel(x, qweight, scales, group_size)
-    return int8_matmul_ref(x, qweight, scales, group_size)
-
-
-def int4_linear(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int
-) -> torch.Tensor:
-    """x [T, K] ((q - z) * s)^T -> [T, N]."""
-    if use_triton(x):
-        from kernels.quant_matmul import int4_matmul as kernel
-
-        return kernel(x, qweight, scales, zeros, group_size)
-    return int4_matmul_ref(x, qweight, scales, zeros, group_size)
-
-
-def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
-    """x [T, K] (NF4_CODEBOOK[q] * absmax)^T -> [T, N]."""
-    if use_triton(x):
-        from kernels.quant_matmul import nf4_matmul as kernel
-
-        return kernel(x, qweight, absmax)
-    return nf4_matmul_ref(x, qweight, absmax)
-
-
-def fp8_linear(
-    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None
-) -> torch.Tensor:
-    """x quantized to fp8 (per token, per 128-wide group for block-scaled weights, or by input_scale) times
-    (q * weight_scale)^T -> [T, N] in x's dtype."""
-    if use_triton(x):
-        from kernels.quant_matmul import fp8_matmul as kernel
-
-        return kernel(x, qweight, weight_scale, input_scale)
-    return fp8_matmul_ref(x, qweight, weight_scale, input_scale)
-
-
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if use_triton(x):
         from kernels.silu_and_mul import silu_and_mul as kernel
@@ -294,44 +243,12 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return gelu_tanh_and_mul_ref(x)
 
 
-def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax, top-k and the
-    optional renormalization in one kernel (kernels/moe_router.py)."""
-    if use_triton(logits):
-        from kernels.moe_router import moe_route as kernel
-
-        return kernel(logits, top_k, renormalize)
-    return moe_route_ref(logits, top_k, renormalize)
-
-
-def fused_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """x [T, H] through each token's routed experts (w13 [E, 2I, H], w2 [E, H, I]), weighted and summed
-    -> [T, H] (kernels/fused_moe.py). The reference reads expert counts on the host (no CUDA graphs)."""
-    if use_triton(x):
-        from kernels.fused_moe import fused_experts as kernel
-
-        return kernel(x, w13, w2, weights, ids)
-    return fused_experts_ref(x, w13, w2, weights, ids)
-
-
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     if use_triton(x):
         from kernels.gelu_tanh import gelu_tanh as kernel
 
         return kernel(x)
     return gelu_tanh_ref(x)
-
-
-def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Writes k, v [T, Hkv, D] into kv_cache [2, N, B, Hkv, D] at slot_mapping [T]."""
-    if use_triton(k):
-        from kernels.kv_store import store_kv as kernel
-
-        kernel(k, v, kv_cache[0], kv_cache[1], slot_mapping)
-        return
-    store_kv_ref(k, v, kv_cache[0], kv_cache[1], slot_mapping)
 
 
 def stage_batch(
@@ -377,68 +294,6 @@ def random_sample(logits: torch.Tensor, params: torch.Tensor, rows_ask_step_0: b
         step_0 = wants_step_0(rows_ask_step_0, logits.shape[0], logits.shape[1], logits.device)
         return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=step_0)
     return random_sample_torch(logits, params)  # reads params on the host, where they already are
-
-
-def rope_store_kv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-) -> None:
-    """Rotates q in place and writes rope(k), v [T, Hkv, D] into kv_cache [2, N, B, Hkv, D] at slot_mapping.
-
-    k itself is left unrotated: attention reads keys from the pool only. qk_norm: (q_weight [D],
-    k_weight [D], eps) to RMSNorm each head of q and k before the rotation (Qwen3), in the same kernel.
-    """
-    if use_triton(q):
-        from kernels.rope_store_kv import rope_store_kv as kernel
-
-        kernel(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping, qk_norm=qk_norm)
-        return
-    rope_store_kv_ref(q, k, v, positions, cos_sin_cache, kv_cache[0], kv_cache[1], slot_mapping, qk_norm=qk_norm)
-
-
-def decode_order(meta: AttentionMetadata, num_kv_heads: int) -> torch.Tensor | None:
-    """The decode kernel's order of the batch's sequences (longest context first) where the kernel
-    wants one (kernels/decode_grid.py's wants_length_order), else None. Computed once a step,
-    before the forward: a torch op, so it is complete before the step's first PDL kernel starts and
-    the kernel may read it before its wait (kernels/_pdl.py)."""
-    if not (meta.is_decode_only and use_triton(meta.seq_lens)):
-        return None
-    from kernels.decode_grid import length_order, wants_length_order
-
-    if not wants_length_order(meta.num_seqs, num_kv_heads, meta.seq_lens.device):
-        return None
-    return length_order(meta.seq_lens)
-
-
-def paged_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None
-) -> torch.Tensor:
-    """Attention of q [T, Hq, D] over the paged pool kv_cache [2, N, B, Hkv, D] -> [T, Hq, D]; window: the
-    layer's sliding window (a query sees its last `window` positions; blocks before them are not read)."""
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    if meta.is_decode_only:
-        if use_triton(q):
-            from kernels.decode_attention import paged_decode_attention as kernel
-
-            return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, order=meta.decode_order,
-                          window=window)  # fmt: skip
-        return paged_decode_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, window)
-    if use_triton(q):
-        from kernels.prefill_attention import paged_prefill_attention as kernel
-
-        return kernel(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, scale,
-            window=window,
-        )  # fmt: skip
-    return paged_prefill_attention_ref(
-        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale, window
-    )
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The weights of one quantized linear layer, held by engine/models/layers/linear.py's Linear in place
-of its dense weight, and their matmul through engine.ops.
+of its dense weight, and their matmul through engine.quant_ops.
 
 Legend: N = output rows (all fused parts together), K = input width, G = group size.
 Buffers (kernels/quant_formats.py's layouts, allocated on the device the model is built on):
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import ops
+from engine import quant_ops
 from engine.quantization.on_the_fly import quantize_dense
 from engine.quantization.packed_tensors import PackedTensors
 from engine.quantization.scheme import QuantScheme
@@ -78,12 +78,12 @@ class QuantizedWeight(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] -> [T, N] in x's dtype."""
         if self.fmt == "int8":
-            return ops.int8_linear(x, self.qweight, self.scales, self.group_size)
+            return quant_ops.int8_linear(x, self.qweight, self.scales, self.group_size)
         if self.fmt == "int4":
-            return ops.int4_linear(x, self.qweight, self.scales, getattr(self, "zeros", None), self.group_size)
+            return quant_ops.int4_linear(x, self.qweight, self.scales, getattr(self, "zeros", None), self.group_size)
         if self.fmt == "nf4":
-            return ops.nf4_linear(x, self.qweight, self.absmax)
-        return ops.fp8_linear(x, self.qweight, self.weight_scale, getattr(self, "input_scale", None))
+            return quant_ops.nf4_linear(x, self.qweight, self.absmax)
+        return quant_ops.fp8_linear(x, self.qweight, self.weight_scale, getattr(self, "input_scale", None))
 
     @torch.no_grad()
     def load(self, name: str, tensor: torch.Tensor | PackedTensors, start: int, rows: int) -> None:

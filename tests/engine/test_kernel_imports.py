@@ -1,5 +1,5 @@
-"""engine/ops.py is where the engine chooses each kernel: no other engine module imports a kernel from kernels/,
-only the helpers its docstring names, which launch nothing."""
+"""engine/ops.py and the dispatch modules beside it are where the engine chooses each kernel: no other engine
+module imports a kernel from kernels/, only the helpers ops.py's docstring names, which launch nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
-# (module, name) an engine module other than ops.py may import from kernels/, and why it is no kernel choice
+# the engine's dispatch modules (engine/*.py): each chooses between kernels and their references
+DISPATCH = ("ops.py", "attention_ops.py", "moe_ops.py", "quant_ops.py")
+
+# (module, name) an engine module other than a dispatch module may import from kernels/, and why it is no kernel choice
 HELPERS = {
     ("kernels._pdl", "set_pdl"): "the process's PDL switch",
     ("kernels._pdl", "use_pdl"): "whether kernels launch with PDL (a log line)",
@@ -35,16 +38,17 @@ def kernel_imports(path: Path) -> list[tuple[str, str]]:
     return found
 
 
-def test_only_ops_imports_kernels_the_rest_imports_named_helpers():
+def test_only_dispatch_modules_import_kernels_the_rest_imports_named_helpers():
     outside = {
         str(path.relative_to(ENGINE.parent)): imports
         for path in sorted(ENGINE.rglob("*.py"))
-        if path.name != "ops.py" or path.parent != ENGINE
+        if path.name not in DISPATCH or path.parent != ENGINE
         if (imports := kernel_imports(path))
     }
     unnamed = {path: [i for i in imports if i not in HELPERS] for path, imports in outside.items()}
     assert not {path: imports for path, imports in unnamed.items() if imports}, unnamed
-    assert kernel_imports(ENGINE / "ops.py"), "ops.py imports the kernels it chooses between"
+    for name in DISPATCH:
+        assert kernel_imports(ENGINE / name), f"{name} imports the kernels it chooses between"
 
 
 def test_the_check_sees_a_kernel_imported_elsewhere(tmp_path):

@@ -48,25 +48,25 @@ def test_prefix_cache_chunks_and_preemption_keep_transformers_tokens(
 def test_triton_kernels_give_the_torch_engines_tokens(kind: str, tiny_checkpoint: Callable[[str], Path]) -> None:
     """The router, alignment, grouped GEMMs and one-token GEMVs (interpreted) inside the engine's padded
     steps, one-token decodes and mixed chunks alike, give the torch references' greedy tokens."""
-    from engine import ops
+    from engine import moe_ops, ops
 
     model_dir = tiny_checkpoint(kind)
     prompts = random_prompts(3, 49152, 5, 20, seed=7)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     plain = run_staggered(make_engine(model_dir, max_num_batched_tokens=32), prompts, params, [0, 1, 2])
     calls: list[tuple[bool, int]] = []
-    real = ops.fused_experts
+    real = moe_ops.fused_experts
 
     def spy(x, w13, w2, weights, ids):
         calls.append((ops.use_triton(x), x.shape[0]))
         return real(x, w13, w2, weights, ids)
 
-    ops.fused_experts = spy
+    moe_ops.fused_experts = spy
     try:
         engine = make_engine(model_dir, kernels="triton", max_num_batched_tokens=32)
         engine.runner.enable_graphs(capture=False)
         assert run_staggered(engine, prompts, params, [0, 1, 2]) == plain
     finally:
-        ops.fused_experts = real
+        moe_ops.fused_experts = real
     assert calls and all(on_kernels for on_kernels, _ in calls)
     assert {tokens for _, tokens in calls} >= {1, 16}  # a one-token decode and a padded mixed step

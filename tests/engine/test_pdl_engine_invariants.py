@@ -5,7 +5,7 @@ through the Triton kernels (interpreter) where they have a CPU form:
 1. The step's metadata (input ids, positions, slots, sequence lengths, block tables) is staged into
    the InputBatch's device buffers before the forward, and nothing in the forward writes them. The
    decode kernel's order of the sequences (longest first) is sorted from them by a torch op before the
-   forward (engine.ops.decode_order), and the forward leaves it alone too.
+   forward (engine.attention_ops.decode_order), and the forward leaves it alone too.
 2. The forward's first operation is the embedding, a torch op (on CUDA a kernel launched without
    PDL): no PDL kernel of the step can start before the staged metadata is complete.
 3. A step writes K/V only into blocks that its own sequence holds alone. Decode attention loads the

@@ -93,7 +93,7 @@ def test_repacked_weights_equal_the_checkpoints_dequantized_weights(smollm2_dir:
 
 
 def test_the_triton_quantized_gemm_serves_the_same_tokens_on_the_interpreter(smollm2_dir: Path, tmp_path: Path):
-    """engine.ops' dispatch: kernels="triton" runs kernels/quant_matmul.py's GEMM (Triton's CPU interpreter
+    """engine.quant_ops' dispatch: kernels="triton" runs kernels/quant_matmul.py's GEMM (Triton's CPU interpreter
     here) and serves the tokens of the torch references."""
     build_quantized_checkpoint("awq", tmp_path / "awq", smollm2_dir)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)

@@ -1,11 +1,12 @@
-"""engine.ops gives the same results through the Triton kernels as through the torch references."""
+"""engine.ops and engine.attention_ops give the same results through the Triton kernels as through the torch
+references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import ops
+from engine import attention_ops, ops
 from engine.attention_metadata import AttentionMetadata
 from kernels.rope import apply_rope_ref
 
@@ -57,7 +58,7 @@ def test_rope_store_kv_and_store_kv_ops_agree(dtype, tol, device):
     pools, rotated = [pool(), pool()], [q.clone(), q.clone()]
     for backend, q_i, pool_i in zip(("triton", "torch"), rotated, pools):
         with ops.kernel_backend(backend):
-            ops.rope_store_kv(q_i, k, v, positions, cache, pool_i, slots)
+            attention_ops.rope_store_kv(q_i, k, v, positions, cache, pool_i, slots)
     torch.testing.assert_close(rotated[0], rotated[1], **tol)
     torch.testing.assert_close(pools[0], pools[1], equal_nan=True, **tol)
     q_ref, k_ref = q.clone(), k.clone()
@@ -67,7 +68,7 @@ def test_rope_store_kv_and_store_kv_ops_agree(dtype, tol, device):
     plain = [pool(), pool()]
     for backend, pool_i in zip(("triton", "torch"), plain):
         with ops.kernel_backend(backend):
-            ops.store_kv(k, v, pool_i, slots)
+            attention_ops.store_kv(k, v, pool_i, slots)
     torch.testing.assert_close(plain[0], plain[1], atol=0, rtol=0, equal_nan=True)
 
 
@@ -90,5 +91,5 @@ def test_paged_attention_op_agrees(query_lens, dtype, tol, paged_batch):
     batch = paged_batch(query_lens, [0, 20, 5], 8, 2, 64, 16, dtype)
     meta = _metadata(batch)
     assert meta.is_decode_only == (query_lens == [1, 1, 1])
-    fast, slow = both_backends(lambda: ops.paged_attention(batch.q, batch.kv_cache, meta, 0.125))
+    fast, slow = both_backends(lambda: attention_ops.paged_attention(batch.q, batch.kv_cache, meta, 0.125))
     torch.testing.assert_close(fast, slow, **tol)

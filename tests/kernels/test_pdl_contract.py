@@ -33,7 +33,7 @@ CONSTANT_TABLES = {"cos_sin_ptr"}  # the rotary table: built at load, never writ
 # Staged by the host into the step's device buffers (engine/input_batch.py) before the step's first
 # kernel, which is a torch op launched without PDL: complete before any PDL kernel of the step starts.
 # The decode kernel's order of the sequences is sorted from the staged lengths by a torch op before the
-# forward (engine.ops.decode_order; tests/engine/test_pdl_engine_invariants.py checks where it is made).
+# forward (engine.attention_ops.decode_order; tests/engine/test_pdl_engine_invariants.py checks where it is made).
 STEP_METADATA = {"pos_ptr", "slot_ptr", "seq_lens_ptr", "block_tables_ptr", "order_ptr"}
 READABLE_BEFORE_WAIT = WEIGHT_POINTERS | CONSTANT_TABLES | STEP_METADATA
 # Helpers that load only their pointer arguments: allowed where every pointer they get is readable.

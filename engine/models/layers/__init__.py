@@ -1,4 +1,5 @@
-"""Building blocks shared by every model family: each calls `engine.ops` for its kernel."""
+"""Building blocks shared by every model family: each calls `engine.ops` or a dispatch module beside it
+(`attention_ops`, `moe_ops`, `quant_ops`) for its kernel."""
 
 from engine.models.layers.attention import PagedAttention
 from engine.models.layers.embedding import LMHead, VocabEmbedding

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import ops
+from engine import attention_ops
 from engine.attention_metadata import AttentionMetadata
 
 
@@ -66,15 +66,15 @@ class PagedAttention(nn.Module):
         if rotary is None:
             if qk_norm is not None:
                 raise ValueError("qk_norm is applied with the rotation: pass rotary too")
-            ops.store_kv(k, v, kv_cache, meta.slot_mapping)
+            attention_ops.store_kv(k, v, kv_cache, meta.slot_mapping)
         else:
             positions, cos_sin_cache = rotary
-            ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, meta.slot_mapping, qk_norm)
+            attention_ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kv_cache, meta.slot_mapping, qk_norm)
         return self.attend(q, kv_cache, meta)
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, Hq*D] or [T, Hq, D], rotated, over the pool that already holds this step's K/V -> [T, Hq*D]."""
         num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
-        out = ops.paged_attention(q, kv_cache, meta, self.scale, self.sliding_window)
+        out = attention_ops.paged_attention(q, kv_cache, meta, self.scale, self.sliding_window)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)

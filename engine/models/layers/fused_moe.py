@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import ops
+from engine import moe_ops, ops
 from engine.parallel.group import current as current_tensor_parallel
 
 # checkpoint projection name -> part, for the per-expert layouts of the Hub
@@ -55,7 +55,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, H], routed weights [T, K] float32 and expert ids [T, K] int32 -> [T, H]."""
-        return ops.fused_experts(x, self.gate_up_proj, self.down_proj, weights, ids)
+        return moe_ops.fused_experts(x, self.gate_up_proj, self.down_proj, weights, ids)
 
     # ---- loading (engine/models/loading.py) ----
 
@@ -113,4 +113,4 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, K] float32, ids [T, K] int32)."""
         logits = ops.linear(x, self.weight)  # [T, E] in x's dtype, as transformers computes them
-        return ops.moe_route(logits, self.top_k, self.renormalize)
+        return moe_ops.moe_route(logits, self.top_k, self.renormalize)

@@ -78,7 +78,7 @@ class RotaryEmbedding(nn.Module):
     """Holds the [P, D] cos|sin table that the model's layers share.
 
     The rotation itself happens inside the KV store: the Llama-family attention hands
-    (positions, cos_sin_cache) to PagedAttention, which calls ops.rope_store_kv (one kernel).
+    (positions, cos_sin_cache) to PagedAttention, which calls attention_ops.rope_store_kv (one kernel).
 
     Args:
         head_dim: D.
