@@ -44,6 +44,7 @@ from kernels._pdl import set_pdl, use_pdl
 
 logger = logging.getLogger(__name__)
 
+
 class LLMEngine:
     """The engine: one model on one device, continuously batched.
 
