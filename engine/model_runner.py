@@ -69,7 +69,7 @@ class ModelRunner:
             the same buckets and runs them eagerly, each bucket once at start (enforce_eager: the
             kernels its steps take are built then); "off" runs every step at its own size (the
             torch-reference kernels: they read lengths on the host, where a padded step has placeholders).
-            CPU runs every step at its own size whatever this says.
+            CPU runs every step at its own size, except "eager" with the Triton kernels (the interpreter).
         tp: the tensor-parallel rank this runner serves (engine/parallel): every rank builds the same runner;
             rank 0's `launch` sends each step's forward to the others (engine/parallel/follower.py runs it there).
     """
@@ -122,6 +122,10 @@ class ModelRunner:
         self._next_slot = 0
         if step_graphs != "off" and device.type == "cuda":
             self.enable_graphs(capture=step_graphs == "capture")
+        elif step_graphs == "eager" and ops.get_kernel_backend() == "triton":
+            # the Triton kernels on the CPU interpreter: the padded buckets run eagerly, as an enforce_eager GPU
+            # engine's do (tests of the buckets through every rank of a tensor-parallel group)
+            self.enable_graphs(capture=False)
         if device.type == "cuda":
             self._warm_up_sampling()
         if warm_up_peak is not None:

@@ -23,6 +23,7 @@ from engine.engine_setup import build_model_runner, resolve_device, resolve_dtyp
 from engine.model_loader import load_model
 from engine.parallel.group import TensorParallel
 from kernels._pdl import set_pdl
+from kernels.interpreter import use_cpu_interpreter
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ def follower_main(
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        if os.environ.get("TRITON_INTERPRET") == "1":  # rank 0 runs the kernels on the interpreter: so does this
+            use_cpu_interpreter()
     dtype = resolve_dtype(config.model.dtype, device)
     ops.set_kernel_backend(config.kernels)
     if config.pdl is not None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine
 from engine.parallel.launch import RANK_DIED_EXIT_CODE
 from engine.sampling_params import SamplingParams
 from tests.engine.engine_helpers import make_engine, mixed_sampling_params, random_prompts, run_staggered
@@ -92,3 +94,28 @@ def test_three_ranks_answer_a_chat_as_one_rank_does_with_the_packaged_smollm2(sm
             engine.close()
     assert len(texts[0]) > 20
     assert texts[1] == texts[0]
+
+
+def test_two_ranks_replay_rank_zeros_padded_buckets_with_the_triton_kernels(tiny_checkpoint):
+    """enforce_eager with the Triton kernels (the CPU interpreter): decode and small mixed steps run as their
+    graph buckets would, over the static buffers each rank fills from rank 0's broadcast."""
+    model_dir = tiny_checkpoint("llama")
+    prompts = random_prompts(3, 49152, 4, 12, seed=5)
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    outputs, replays = [], []
+    for size in (1, 2):
+        config = EngineConfig(
+            model=ModelConfig(model=str(model_dir), dtype="float32"),
+            cache=CacheConfig(block_size=16, num_kv_tokens=1024),
+            scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+            device="cpu", kernels="triton", enforce_eager=True,
+            parallel=ParallelConfig(tensor_parallel_size=size),
+        )  # fmt: skip
+        engine = LLMEngine(config)
+        try:
+            outputs.append(run_staggered(engine, prompts, params, [0, 1, 3]))
+            replays.append((engine.runner.graphs.num_replays, engine.runner.graphs.num_mixed_replays))
+        finally:
+            engine.close()
+    assert outputs[1] == outputs[0]
+    assert replays[1] == replays[0] and replays[1][0] > replays[1][1] > 0  # decode and mixed buckets both ran
