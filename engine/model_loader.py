@@ -108,7 +108,7 @@ def check_tensor_parallel(model_class: type, hf_config: Any, prequantized: bool)
     if not getattr(model_class, "supports_tensor_parallel", False):
         raise ValueError(
             f"tensor_parallel_size > 1 does not support architecture {architecture!r} "
-            "(supported: the Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral families)"
+            "(supported: the Llama, Mistral, Qwen2, Qwen3, Gemma 3, Qwen2-MoE, Qwen3-MoE and Mixtral families)"
         )
     if prequantized:
         config = getattr(hf_config, "quantization_config", None)

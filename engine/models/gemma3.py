@@ -34,6 +34,7 @@ from engine.models.layers import Linear, LMHead, RMSNorm, RotaryEmbedding, Vocab
 from engine.models.layers.rotary import rope_parameters
 from engine.models.llama import LlamaAttention, head_dim_of, num_kv_heads_of
 from engine.models.loading import LLAMA_STACKED_PARAMS, load_named_weights
+from engine.parallel.group import current as current_tensor_parallel
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 # the norms stored as 1 + w (checkpoint name suffixes)
@@ -77,7 +78,7 @@ class GeGLUMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = gate_up_linear(hidden_size, intermediate_size)
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.down_proj = Linear(intermediate_size, hidden_size, parallel="row")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         gate_up, residual = norm.project(x, residual, self.gate_up_proj)  # [T, 2I], [T, H]
@@ -135,7 +136,9 @@ class Gemma3Model(nn.Module):
         self.layer_types = list(config.layer_types)
         rotary = {kind: gemma3_rotary(config, kind) for kind in sorted(set(self.layer_types))}
         self.rotary = nn.ModuleDict(rotary)  # one table per layer type, shared by those layers
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        # a table the LM head shares stays whole (the head is replicated, decision 0061)
+        tied = bool(getattr(config, "tie_word_embeddings", True))
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, vocab_parallel=not tied)
         self.embed_scale = float(config.hidden_size) ** 0.5
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(config, rotary[kind], i) for i, kind in enumerate(self.layer_types)
@@ -189,6 +192,9 @@ class Gemma3ForCausalLM(nn.Module):
         config: a transformers Gemma3TextConfig (a Gemma3Config's text_config for the multimodal class).
     """
 
+    # built for a tensor-parallel group, each rank holds its shard (engine/parallel/group.py)
+    supports_tensor_parallel = True
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         check_gemma3_config(config)
@@ -199,7 +205,8 @@ class Gemma3ForCausalLM(nn.Module):
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to)
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
         self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = num_kv_heads_of(config)
+        # this rank's KV heads: its slice of the KV pool
+        self.num_kv_heads = current_tensor_parallel().heads(config.num_attention_heads, num_kv_heads_of(config)).kv
         self.head_dim = head_dim_of(config)
 
     def forward(

@@ -77,11 +77,18 @@ def test_a_rank_that_dies_ends_the_serving_process(tiny_checkpoint, tmp_path):
             proc.kill()
 
 
-def test_three_ranks_answer_a_chat_as_one_rank_does_with_the_packaged_smollm2(smollm2_dir):
-    """Real weights: SmolLM2-135M's 9 query and 3 KV heads over 3 ranks (its tied embedding stays whole)."""
+@pytest.mark.parametrize(
+    "model,size",
+    [("smollm2", 3), ("gemma3_270m", 2)],
+    ids=["smollm2-3-ranks", "gemma3-270m-2-ranks"],
+)
+def test_ranks_answer_a_chat_as_one_rank_does_with_the_packaged_models(model, size, request):
+    """Real weights: SmolLM2-135M's 9 query and 3 KV heads over 3 ranks; Gemma 3 270M's 4 query heads and one KV
+    head (replicated) over 2, its sliding layers and soft-capped logits (tied embeddings stay whole)."""
+    model_dir = request.getfixturevalue(f"{model}_dir")
     texts = []
-    for size in (1, 3):
-        engine = make_engine(smollm2_dir, tensor_parallel_size=size)
+    for size_now in (1, size):
+        engine = make_engine(model_dir, tensor_parallel_size=size_now)
         try:
             prompt = engine.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
             engine.add_request("chat", prompt, SamplingParams(max_tokens=24, temperature=0.0))

@@ -28,7 +28,8 @@ from tests.engine.tp_ranks import model_logits_rank
 
 ATOL = 1e-4
 QUANTIZATIONS = ("int8", "int4", "fp8")
-KINDS = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+KINDS = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "gemma3", "mistral_window", "qwen2_moe", "qwen3_moe",
+         "mixtral")
 
 
 def run_ranks(size: int, model_dirs: list[Path] | list[str], tmp_path: Path) -> dict[str, dict]:
@@ -106,7 +107,7 @@ def test_a_rank_holds_its_share_of_every_sharded_parameter(tiny_checkpoint):
 
 @pytest.mark.parametrize(
     "kind,message",
-    [("olmoe", "does not support architecture 'OlmoeForCausalLM'"), ("gpt2", "does not support architecture")],
+    [("olmoe", "does not support architecture 'OlmoeForCausalLM'"), ("gpt2", "does not support architecture 'GPT2")],
 )
 def test_families_without_a_tensor_parallel_build_are_refused_by_name(kind, message, tiny_checkpoint):
     config = ModelConfig(model=str(tiny_checkpoint(kind)), load_format="dummy")
