@@ -28,8 +28,18 @@ from tests.engine.tp_ranks import model_logits_rank
 
 ATOL = 1e-4
 QUANTIZATIONS = ("int8", "int4", "fp8")
-KINDS = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "gemma3", "mistral_window", "qwen2_moe", "qwen3_moe",
-         "mixtral")
+KINDS = (
+    "llama",
+    "llama3_tied",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "mistral_window",
+    "qwen2_moe",
+    "qwen3_moe",
+    "mixtral",
+)
 
 
 def run_ranks(size: int, model_dirs: list[Path] | list[str], tmp_path: Path) -> dict[str, dict]:
