@@ -19,7 +19,7 @@ from engine.engine_setup import build_model_runner, resolve_device, resolve_dtyp
 from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep
 from engine.live_requests import LiveRequests
-from engine.model_loader import load_model
+from engine.model_loader import check_tensor_parallel_model, load_model
 from engine.output_processor import OutputProcessor
 from engine.outputs import EngineStats, RequestOutput, StepRecord
 from engine.parallel.group import SINGLE
@@ -62,16 +62,16 @@ class LLMEngine:
             set_pdl(config.pdl)
         started = time.monotonic()
         # tensor parallelism: the other ranks start now and build their shards beside this one's
-        parallel = config.parallel.tensor_parallel_size > 1
-        self.rank_group = RankGroup(config, self.device, cache_dir) if parallel else None
+        size = config.parallel.tensor_parallel_size
+        if size > 1:
+            check_tensor_parallel_model(config.model, size, cache_dir)
+        self.rank_group = RankGroup(config, self.device, cache_dir) if size > 1 else None
         try:
             self._build(config, cache_dir, started)
         except BaseException:
             if self.rank_group is not None:
                 self.rank_group.close(timeout_s=5.0)
             raise
-        if self.rank_group is not None:
-            self.rank_group.watch()
 
     def _build(self, config: EngineConfig, cache_dir: str | None, started: float) -> None:
         tp = self.rank_group.tp if self.rank_group is not None else SINGLE

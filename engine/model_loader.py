@@ -98,6 +98,20 @@ def load_model(
     return LoadedModel(model=model, hf_config=hf_config, model_dir=model_dir, max_model_len=max_model_len)
 
 
+def check_tensor_parallel_model(model_config: ModelConfig, size: int, cache_dir: str | None = None) -> None:
+    """What check_tensor_parallel refuses, and heads that do not divide over `size` ranks, from config.json
+    alone: rank 0 checks it before it starts the other ranks, so a refusal is one clear error, not N.
+
+    Raises:
+        ValueError: as check_tensor_parallel, or heads that do not divide.
+    """
+    hf_config = language_config(load_hf_config(resolve_model_dir(model_config, cache_dir)))
+    checkpoint = getattr(hf_config, "quantization_config", None) is not None
+    check_tensor_parallel(resolve_model_class(hf_config), hf_config, checkpoint)
+    num_heads = hf_config.num_attention_heads
+    TensorParallel(0, size).heads(num_heads, getattr(hf_config, "num_key_value_heads", None) or num_heads)
+
+
 def check_tensor_parallel(model_class: type, hf_config: Any, prequantized: bool) -> None:
     """Refuses, before anything is built, what a tensor-parallel rank cannot hold.
 

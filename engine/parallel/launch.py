@@ -3,8 +3,9 @@
 Each other rank is a process of its own (spawned: CUDA cannot be forked), on cuda:r, which joins the group
 through a rendezvous file and builds the same engine pieces (engine/parallel/follower.py). A rank that dies
 leaves the group unable to run another step, and on NCCL rank 0 would wait in its next collective for ever;
-so once the engine is serving, a thread watches the ranks and ends this process (exit code 3) as soon as one
-exits: the worker goes down as in a crash, and another worker resumes its requests (docs/durability.md).
+so from their start a thread watches the ranks and ends this process (exit code 3) as soon as one exits: the
+worker goes down as in a crash, and another worker resumes its requests (docs/architecture.md, "When things
+fail").
 """
 
 from __future__ import annotations
@@ -75,15 +76,13 @@ class RankGroup:
         for process in self.processes:
             process.start()
         logger.info("tensor parallel: started ranks 1..%d (%s); joining the group", size - 1, backend)
-        dist.init_process_group(backend, init_method=init_method, rank=0, world_size=size, timeout=timeout)
-        self.tp = TensorParallel(0, size, dist.group.WORLD)
+        # a rank that exits ends this process from now on, a start that fails on another rank (out of memory)
+        # included: rank 0 would otherwise wait for it in a collective until the timeout
         self._closing = threading.Event()
-        self._watch: threading.Thread | None = None
-
-    def watch(self) -> None:
-        """From now on, a rank that exits ends this process (the engine is serving: see the module docstring)."""
         self._watch = threading.Thread(target=self._watch_ranks, name="inferq-tp-watch", daemon=True)
         self._watch.start()
+        dist.init_process_group(backend, init_method=init_method, rank=0, world_size=size, timeout=timeout)
+        self.tp = TensorParallel(0, size, dist.group.WORLD)
 
     def _watch_ranks(self) -> None:
         while not self._closing.wait(RANK_WATCH_INTERVAL_S):

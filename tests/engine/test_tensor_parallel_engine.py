@@ -126,3 +126,19 @@ def test_two_ranks_replay_rank_zeros_padded_buckets_with_the_triton_kernels(tiny
             engine.close()
     assert outputs[1] == outputs[0]
     assert replays[1] == replays[0] and replays[1][0] > replays[1][1] > 0  # decode and mixed buckets both ran
+
+
+@pytest.mark.parametrize(
+    "kind,size,message",
+    [
+        ("olmoe", 2, "does not support architecture 'OlmoeForCausalLM'"),
+        ("llama", 3, r"num_attention_heads \(4\) must be divisible by tensor_parallel_size \(3\)"),
+    ],
+)
+def test_an_engine_refuses_what_its_ranks_cannot_hold_before_starting_them(kind, size, message, tiny_checkpoint):
+    """One clear error from config.json alone, and no rank process left behind."""
+    import multiprocessing
+
+    with pytest.raises(ValueError, match=message):
+        make_engine(tiny_checkpoint(kind), tensor_parallel_size=size)
+    assert not multiprocessing.active_children()
