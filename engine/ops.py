@@ -5,9 +5,10 @@ experts) and engine/quant_ops.py (the quantized matmuls). This module holds the 
 dense layers (norms, activations, projections and their fused one-token paths), the step's staging and sampling.
 
 Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
-only helpers that launch nothing: the PDL switch (engine/llm_engine.py), the pinned buffers the staging kernel
-reads (engine/input_batch.py), the packing of sampling parameters (engine/sampler.py) and the quantized
-weights' layout constants and int4 packing (engine/quantization/);
+only helpers that launch nothing: the PDL switch (engine/llm_engine.py, engine/parallel/follower.py), the
+pinned buffers the staging kernel reads (engine/input_batch.py), the packing of sampling parameters
+(engine/sampler.py), the quantized weights' layout constants and int4 packing (engine/quantization/) and the
+CPU interpreter's setup for a tensor-parallel rank whose rank 0 runs it (engine/parallel/follower.py);
 tests/engine/test_kernel_imports.py holds the engine to that. The choice is made per call from the
 tensor's device and one process-wide setting (`set_kernel_backend`, fed from
 `EngineConfig.kernels` by the ModelRunner):

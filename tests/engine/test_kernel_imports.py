@@ -24,6 +24,7 @@ HELPERS = {
     ("kernels.quant_formats", "NF4_CODEBOOK"): "the nf4 code values (a constant of the layout)",
     ("kernels.quant_formats", "INT4_SYMMETRIC_ZERO"): "int4's implied zero point (a constant of the layout)",
     ("kernels.quant_formats", "pack_int4"): "packs int4 codes into the layout's bytes (torch, at load)",
+    ("kernels.interpreter", "use_cpu_interpreter"): "Triton's CPU interpreter on a rank whose rank 0 runs it (tests)",
 }
 
 
