@@ -106,7 +106,7 @@ def _mask_times(engine, device, steps: int) -> dict:
     from engine.structured_output.constraint import constraint_key
     from engine.structured_output.grammar_state import GrammarState
 
-    service = engine.grammar_service()
+    service = engine.constrained.service()
     state = GrammarState(service.compile_now(constraint_key({"json": SCHEMA})))
     vocab = engine.vocab_size
     words = (vocab + 31) // 32

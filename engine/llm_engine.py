@@ -31,7 +31,6 @@ from engine.sampling_params import SamplingParams, check_priority
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.speculator import build_speculator
 from engine.structured_output.admission import ConstrainedAdmission
-from engine.structured_output.compiler import GrammarCompileService
 from engine.structured_output.constraint import constraint_key
 from engine.tokenizer import (
     apply_chat_template,
@@ -178,19 +177,6 @@ class LLMEngine:
         self.live.children[request_id] = ids
         if constrained:  # scheduled once the grammar compiled (`_admit_compiled`)
             self.constrained.submit(constraint_key(params.structured_output), constrained)
-
-    @property
-    def grammar_compile_timeout_s(self) -> float:
-        """How long a constrained request waits for its grammar (the worker sets it from its settings)."""
-        return self.constrained.timeout_s
-
-    @grammar_compile_timeout_s.setter
-    def grammar_compile_timeout_s(self, value: float) -> None:
-        self.constrained.timeout_s = value
-
-    def grammar_service(self) -> GrammarCompileService:
-        """The engine's grammar compiler (built on first use)."""
-        return self.constrained.service()
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar is now compiled go to the scheduler; those whose constraint failed end with

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 
 import redis
 
@@ -39,11 +38,12 @@ from worker.job import Job
 from worker.lease import LeaseKeeper
 from worker.message_intake import MessageIntake
 from worker.metrics import WorkerMetrics
-from worker.protocol import Keys, WorkerHeartbeat, make_consumer_name
+from worker.protocol import Keys, make_consumer_name
 from worker.redis_client import CONNECTION_ERRORS, Backoff, make_client
 from worker.settings import WorkerSettings
-from worker.step_log import STEP_LOG_SIZE, StepLog, parent_id
+from worker.step_log import parent_id
 from worker.stream_reader import StreamReader
+from worker.worker_status import WorkerStatus
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Worker:
             from engine import LLMEngine
 
             engine = LLMEngine(settings.engine_config())
-        engine.grammar_compile_timeout_s = settings.grammar_compile_timeout_s
+        engine.constrained.timeout_s = settings.grammar_compile_timeout_s  # read when the compiler is built
         self.engine = engine
         socket_timeout = max(5.0, 2 * settings.idle_block_ms / 1000)
         self.client = make_client(settings.redis_url, socket_timeout=socket_timeout)
@@ -94,23 +94,22 @@ class Worker:
                             settings.result_ttl_s)  # fmt: skip
         self.intake = MessageIntake(settings, engine, self.jobs, reader, DeferredReplies(self.client), admitter,
                                     self.held, self.cancels, self.publisher, self.metrics)  # fmt: skip
+        self.status = WorkerStatus(engine, self.metrics, self.consumer, settings.model_name,
+                                   lambda: len(self.intake.window))  # fmt: skip
+        self.step_log = self.status.step_log  # tests read the recent steps
         self.heartbeat = Heartbeat(
             self.client,
             self.keys,
-            lambda: self._snapshot,
+            lambda: self.status.snapshot,
             settings.heartbeat_interval_s,
             settings.heartbeat_ttl_s,
             self.metrics,
             trim=self.intake.reader.trim_acknowledged if settings.trim_requests else None,
         )
-        self.step_log: deque[StepLog] = deque(maxlen=STEP_LOG_SIZE)
-        self.started = time.time()
         self.ready = threading.Event()  # set when the loop starts reading
         self.redis_backoff = Backoff()
         self._stop = threading.Event()
         self._drain_deadline: float | None = None
-        self._last_stats = self.engine.stats()
-        self._snapshot = self._make_snapshot()
 
     # ---- control ---------------------------------------------------------------------------------
     def request_stop(self, *, force: bool = False) -> None:
@@ -236,7 +235,7 @@ class Worker:
 
     def _read_and_admit(self) -> bool:
         """Own pending first, then abandoned messages, then new ones. Returns whether it reached Redis."""
-        reached = self.intake.read(self._last_stats.num_free_kv_tokens)
+        reached = self.intake.read(self.status.stats.num_free_kv_tokens)
         return self._admit_window_if_due() or reached
 
     def _admit_if_due(self) -> None:
@@ -247,7 +246,7 @@ class Worker:
     def _admit_window_if_due(self) -> bool:
         admitted = self.intake.admit_if_due()
         if admitted:
-            self._snapshot = self._make_snapshot()
+            self.status.refresh_snapshot()
         return admitted
 
     def _send_reads_for_step(self) -> None:
@@ -255,7 +254,7 @@ class Worker:
         schedules it; `_finish_step_reads` reads their replies after the step's outputs."""
         try:
             if self._redis_usable():
-                free_kv_tokens = self._last_stats.num_free_kv_tokens
+                free_kv_tokens = self.status.stats.num_free_kv_tokens
                 self._redis_call(lambda: self.intake.send_step_reads(free_kv_tokens, draining=self.is_draining))
         except Exception:  # a bug here must not fail the step's requests
             logger.exception("sending a step's reads to Redis failed")
@@ -267,7 +266,7 @@ class Worker:
         self._abort_cancelled(self.cancels.check(self.client, list(self.jobs)), batch)
         self.publisher.submit(batch)
         if batch.events:
-            self._refresh_stats()
+            self.status.refresh()
         return True
 
     def _finish_step_reads(self, batch: Batch) -> bool:
@@ -307,7 +306,7 @@ class Worker:
             self._finish(job, batch, "deadline")
         self.publisher.submit(batch)
         if late:
-            self._refresh_stats()
+            self.status.refresh()
 
     def _drop_lost(self) -> None:
         """Another worker owns these now (we froze past our lease): stop working on them, silently."""
@@ -350,26 +349,7 @@ class Worker:
             self._redis_call(lambda: self._finish_step_reads(aborts))
             self.publisher.submit(aborts)
 
-        stats, previous = self.engine.stats(), self._last_stats
-        self._last_stats = stats
-        self.metrics.observe_stats(stats, previous)
-        self.step_log.append(
-            StepLog(
-                step=record.step,
-                time=time.monotonic(),
-                scheduled=dict(record.scheduled),
-                new_request_ids=list(record.new_request_ids),
-                num_free_kv_tokens=stats.num_free_kv_tokens,
-                running_request_ids=list(self.jobs),
-            )
-        )
-        self._snapshot = self._make_snapshot()
-
-    def _refresh_stats(self) -> None:
-        """After aborts outside a step: the heartbeat must show the freed KV blocks now, not after
-        the next step (an idle worker may not step again for a long time)."""
-        self._last_stats = self.engine.stats()
-        self._snapshot = self._make_snapshot()
+        self.status.after_step(list(self.jobs))
 
     def _finish(self, job: Job, batch: Batch, reason: str) -> None:
         """The terminal events are in `batch`; acknowledge after them (same MULTI) and let go."""
@@ -386,18 +366,3 @@ class Worker:
     def _count_written(self, num_events: int, num_duplicates: int) -> None:
         self.metrics.events_written.inc(num_events - num_duplicates)
         self.metrics.duplicate_events.inc(num_duplicates)
-
-    def _make_snapshot(self) -> WorkerHeartbeat:
-        """The heartbeat's view, rebuilt by the loop (the heartbeat thread never touches the engine)."""
-        stats = self._last_stats
-        self.metrics.observe_stats(stats)
-        return WorkerHeartbeat(
-            consumer=self.consumer,
-            model=self.settings.model_name,
-            max_model_len=self.engine.max_model_len,
-            started=self.started,
-            ts=time.time(),
-            running=stats.num_running,
-            waiting=stats.num_waiting + len(self.intake.window),
-            free_kv_tokens=stats.num_free_kv_tokens,
-        )

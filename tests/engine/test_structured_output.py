@@ -83,7 +83,7 @@ def test_schema_regex_choice_and_free_requests_share_batches(engine):
         assert isinstance(json.loads(text), dict)
     else:  # greedy SmolLM2 nests objects past max_tokens: every token must still be one the grammar takes
         key = ("json_object", "true")
-        state = GrammarState(engine.grammar_service().compile_now(key))
+        state = GrammarState(engine.constrained.service().compile_now(key))
         assert reason == "length" and text.startswith("{") and all(state.accept(t) for t in tokens)
     assert re.fullmatch(r"(19|20)[0-9]{2}-[01][0-9]-[0-3][0-9]", out["regex"][0][1]), out["regex"][0][1]
     assert out["regex"][0][2] == "stop"  # ended by the grammar, without waiting for EOS
@@ -93,7 +93,7 @@ def test_schema_regex_choice_and_free_requests_share_batches(engine):
 
 
 def test_n_stop_strings_logprobs_and_the_cache(engine):
-    service = engine.grammar_service()
+    service = engine.constrained.service()
     regex = {"regex": r"[a-z]{3,8}( [a-z]{3,8}){2,5}\."}
     params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=60, logprobs=2, structured_output=regex)
     out = run(engine, {"n": (_prompt(engine, "Write words."), params)})
@@ -124,7 +124,7 @@ def test_bad_constraints_fail_only_their_request_before_any_token(engine):
 
 
 def test_a_compile_past_the_time_limit_fails_its_request_alone(engine, monkeypatch):
-    service = engine.grammar_service()
+    service = engine.constrained.service()
     compile_grammar = service._compile
 
     def slow_compile(kind: str, text: str):  # a compile that outlasts the limit (real ones on big schemas do)
@@ -199,7 +199,7 @@ def test_async_scheduling_gives_the_same_constrained_tokens(engine, monkeypatch)
 
 @pytest.fixture(scope="module")
 def choice_state(engine):
-    return lambda: GrammarState(engine.grammar_service().compile_now(("choice", json.dumps(["ab", "ac"]))))
+    return lambda: GrammarState(engine.constrained.service().compile_now(("choice", json.dumps(["ab", "ac"]))))
 
 
 def test_drop_ahead_undoes_the_token_taken_ahead(engine, choice_state):
