@@ -44,6 +44,14 @@ def _not_found(file_id: str) -> ApiError:
     return ApiError(404, f"No such file: {file_id}", param="file_id", code="file_not_found")
 
 
+async def _owned_file(services, file_id: str, caller) -> object:  # noqa: ANN001
+    """The caller's file record; 404 for a file that does not exist or is another caller's."""
+    record = await services.call(services.files.get, file_id, caller.owner)
+    if record is None:
+        raise _not_found(file_id)
+    return record
+
+
 @router.post("/v1/files", responses=_upload_responses())
 async def create_file(
     request: Request,
@@ -91,19 +99,14 @@ async def list_files(
 
 @router.get("/v1/files/{file_id}", responses=error_responses(401, 404))
 async def retrieve_file(request: Request, caller: AuthorizedCaller, file_id: str) -> dict:
-    services = batch_services(request)
-    record = await services.call(services.files.get, file_id, caller.owner)
-    if record is None:
-        raise _not_found(file_id)
+    record = await _owned_file(batch_services(request), file_id, caller)
     return record.openai()
 
 
 @router.get("/v1/files/{file_id}/content", responses=error_responses(401, 404), response_class=Response)
 async def file_content(request: Request, caller: AuthorizedCaller, file_id: str) -> Response:
     services = batch_services(request)
-    record = await services.call(services.files.get, file_id, caller.owner)
-    if record is None:
-        raise _not_found(file_id)
+    await _owned_file(services, file_id, caller)
     try:
         data = await services.call(services.files.read, file_id)
     except FileNotFoundError:
@@ -114,8 +117,6 @@ async def file_content(request: Request, caller: AuthorizedCaller, file_id: str)
 @router.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
 async def delete_file(request: Request, caller: AuthorizedCaller, file_id: str) -> dict:
     services = batch_services(request)
-    record = await services.call(services.files.get, file_id, caller.owner)
-    if record is None:
-        raise _not_found(file_id)
+    await _owned_file(services, file_id, caller)
     await services.call(services.files.delete, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
