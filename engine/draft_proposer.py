@@ -19,6 +19,7 @@ import logging
 import torch
 
 from engine.block_manager import BlockManager
+from engine.engine_setup import build_model_runner
 from engine.model_runner import ModelRunner
 from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -146,7 +147,7 @@ class DraftProposer:
 
 
 def build_draft_proposer(
-    config, device: torch.device, dtype: torch.dtype, target_vocab_size: int, max_model_len: int, step_graphs: str,
+    config, device: torch.device, dtype: torch.dtype, target_vocab_size: int, max_model_len: int,
     cache_dir: str | None = None,
 ) -> DraftProposer:  # fmt: skip
     """The draft of EngineConfig `config` (speculative.draft_model), loaded and given its own KV pool."""
@@ -171,17 +172,6 @@ def build_draft_proposer(
             f"{target_vocab_size}: a draft must share the model's tokenizer"
         )
     num_kv_tokens = spec.draft_num_kv_tokens or (config.cache.num_kv_tokens or DEFAULT_CPU_KV_TOKENS)
-    runner = ModelRunner(
-        loaded.model,
-        device,
-        dtype,
-        block_size=config.cache.block_size,
-        num_kv_tokens=num_kv_tokens,
-        gpu_memory_utilization=config.cache.gpu_memory_utilization,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        max_num_seqs=sched.max_num_seqs,
-        max_model_len=max_model_len,
-        step_graphs=step_graphs,
-    )
+    runner = build_model_runner(config, loaded.model, device, dtype, max_model_len, num_kv_tokens=num_kv_tokens)
     logger.info("draft model %s: KV pool of %d tokens", loaded.model_dir, runner.num_blocks * config.cache.block_size)
     return DraftProposer(runner, target_vocab_size, sched.max_num_batched_tokens, sched.max_num_seqs)

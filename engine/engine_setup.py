@@ -24,16 +24,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_model_runner(
     config: EngineConfig, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, max_model_len: int,
-    tp: TensorParallel = SINGLE,
+    tp: TensorParallel = SINGLE, num_kv_tokens: int | None = None,
 ) -> ModelRunner:  # fmt: skip
-    """The engine's ModelRunner; every rank of a tensor-parallel group builds it from the same config."""
+    """The engine's ModelRunner; every rank of a tensor-parallel group builds it from the same config, and a draft
+    model's the same way with its own pool size (`num_kv_tokens`, else the config's)."""
     sched = config.scheduler
     return ModelRunner(
         model,
         device,
         dtype,
         block_size=config.cache.block_size,
-        num_kv_tokens=config.cache.num_kv_tokens,
+        num_kv_tokens=num_kv_tokens if num_kv_tokens is not None else config.cache.num_kv_tokens,
         gpu_memory_utilization=config.cache.gpu_memory_utilization,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         max_num_seqs=sched.max_num_seqs,

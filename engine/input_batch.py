@@ -113,7 +113,8 @@ class InputBatch:
         self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
         self._copied = torch.cuda.Event() if pin else None  # recorded behind the kernel that reads the host buffers
         self.num_pending_staged = 0  # input ids staged as pending (tests: async steps took the device's tokens)
-        self.staged = (0, 0)  # the int64 and int32 elements the last `prepare` staged (tensor-parallel broadcast)
+        # the int64 and int32 elements and block-table rows the last `prepare` staged (tensor-parallel broadcast)
+        self.staged = (0, 0, 0)
 
     # ---- the views a captured graph reads ---------------------------------------
     def decode_views(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -243,7 +244,7 @@ class InputBatch:
             staging = self._np32[bt_offset : bt_offset + num_seqs * width_used].reshape(num_seqs, width_used)
             staging[...] = self._host_tables[:num_seqs, :width_used]
         self._stage(3 * a + staged_rows, bt_offset, t, pending.token_ids if waiting else None, table_rows, width_used)
-        self.staged = (3 * a + staged_rows, bt_offset)
+        self.staged = (3 * a + staged_rows, bt_offset, table_rows)
         input_ids, positions, meta = self.step_views(
             t, padded, max(query_lens), max(seq_lens), seq_lens + [0] * (padded - num_seqs),
             query_lens + [1 if decode else 0] * (padded - num_seqs),

@@ -15,7 +15,7 @@ from engine import ops
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import make_detokenizer
-from engine.engine_setup import build_model_runner, resolve_device, resolve_dtype, step_graphs
+from engine.engine_setup import build_model_runner, resolve_device, resolve_dtype
 from engine.generation_defaults import GenerationDefaults
 from engine.launched_step import LaunchedStep
 from engine.live_requests import LiveRequests
@@ -93,7 +93,7 @@ class LLMEngine:
         sched = config.scheduler
         # NOTE: before the runner: on CUDA the model's KV pool takes the memory a draft model leaves
         self.speculator = build_speculator(
-            config, self.device, self.dtype, self.vocab_size, self.max_model_len, step_graphs(config), cache_dir
+            config, self.device, self.dtype, self.vocab_size, self.max_model_len, cache_dir
         )
         self.runner = build_model_runner(config, self.model, self.device, self.dtype, self.max_model_len, tp)
         self.block_manager = BlockManager(

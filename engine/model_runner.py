@@ -353,7 +353,11 @@ class ModelRunner:
             ready = self._samples_ready[slot]
             ready.record()
 
+        done: list[ModelRunnerOutput] = []  # read once: a constrained step's grammars read it before the engine
+
         def read() -> ModelRunnerOutput:
+            if done:
+                return done[0]
             if ready is not None:
                 ready.synchronize()
             tokens, ok = host[:, :num_rows].tolist()
@@ -361,7 +365,8 @@ class ModelRunner:
             errors = [None] * num_rows
             if not all(ok):
                 errors = [None if good else _non_finite(r) for r, good in zip(requests, ok)]
-            return ModelRunnerOutput(requests, tokens, [None] * num_rows, errors)
+            done.append(ModelRunnerOutput(requests, tokens, [None] * num_rows, errors))
+            return done[0]
 
         return packed[0], read
 

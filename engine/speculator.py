@@ -153,13 +153,13 @@ def _can_speculate(request: Request) -> bool:
 
 def build_speculator(
     config: EngineConfig, device: torch.device, dtype: torch.dtype, vocab_size: int, max_model_len: int,
-    step_graphs: str, cache_dir: str | None,
+    cache_dir: str | None,
 ) -> Speculator | None:  # fmt: skip
     """The engine's Speculator (None when speculation is off), with its draft model loaded where it has one."""
     spec = config.speculative
     if spec.method is None:
         return None
     if spec.method == "draft":
-        draft = build_draft_proposer(config, device, dtype, vocab_size, max_model_len, step_graphs, cache_dir)
+        draft = build_draft_proposer(config, device, dtype, vocab_size, max_model_len, cache_dir)
         return Speculator(spec, draft)
     return Speculator(spec)

@@ -81,10 +81,11 @@ class StepMirror:
     def send_step(self, step: StepInputs, bucket: tuple[int, int] | None, greedy: bool) -> None:
         """Rank 0: the step `prepare` just staged, run by graph `bucket` (greedy variant) or eagerly (None)."""
         meta = step.meta
-        n64, n32 = self.inputs.staged
+        # the block table's rows only where `prepare` rewrote them: the other ranks hold the rest already
+        n64, n32, table_rows = self.inputs.staged
         self.send(StepHeader(
             "step", bucket, greedy, step.input_ids.shape[0], step.num_padded, meta.max_query_len, meta.max_seq_len,
-            meta.seq_lens_cpu, meta.query_lens_cpu, n64, n32, table_rows=step.num_padded,
+            meta.seq_lens_cpu, meta.query_lens_cpu, n64, n32, table_rows,
         ))  # fmt: skip
 
     def receive(self) -> StepHeader:
