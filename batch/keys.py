@@ -36,7 +36,7 @@ class BatchKeys:
         return f"{self.root}lines:{batch_id}"
 
     def sent(self, batch_id: str) -> str:
-        """Hash: line number -> the request id sent for it (set in the transaction of its XADD)."""
+        """Hash: line number -> the meta (JSON) of the request sent for it (set in the transaction of its XADD)."""
         return f"{self.root}sent:{batch_id}"
 
     def lease(self, batch_id: str) -> str:

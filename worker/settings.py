@@ -43,7 +43,8 @@ class WorkerSettings(BaseSettings):
     quantization: Literal["fp8", "int8", "int4", "nf4"] | None = Field(
         None,
         description="Quantize a dense checkpoint's linear layers at load: int8/fp8 per channel, int4 in groups of "
-        "128, nf4 in blocks of 64 (docs/quantization.md); quantized checkpoints load as they are without it.",
+        "128 (64 or 32 where 128 does not divide a layer), nf4 in blocks of 64 (docs/quantization.md); quantized "
+        "checkpoints load as they are without it.",
     )
     enforce_eager: bool = Field(
         False, description="Disable CUDA graphs (small steps still pad to the graph buckets, each run once at start)."
