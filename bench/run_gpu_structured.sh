@@ -24,8 +24,9 @@ phase environment
 gpu_info "$OUT/gpu.txt"
 python3 -c 'import xgrammar; print("xgrammar", xgrammar.__file__)' 2>&1 | tee -a "$LOG"
 
-phase "bitmask kernel tests (CUDA)"
-timeout "${TESTS_TIMEOUT_S:-60}" python3 -m pytest tests/kernels/test_token_bitmask.py -q -p no:cacheprovider 2>&1 \
+phase "bitmask and sampling kernel tests (CUDA)"
+timeout "${TESTS_TIMEOUT_S:-90}" python3 -m pytest tests/kernels/test_token_bitmask.py tests/kernels/test_greedy_sample.py \
+    tests/kernels/test_random_sample.py -q -p no:cacheprovider 2>&1 \
     | tee -a "$LOG"
 tests_rc=${PIPESTATUS[0]}
 

@@ -275,26 +275,30 @@ def write_to_host(src: torch.Tensor, dst: torch.Tensor) -> None:
     dst.copy_(src, non_blocking=True)
 
 
-def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
-    """[S, V] logits -> [2, S] int64: (argmax per row, 1 if the row is all finite else 0)."""
+def greedy_sample(logits: torch.Tensor, masked: bool = False) -> torch.Tensor:
+    """[S, V] logits -> [2, S] int64: (argmax per row, 1 if the row is all finite else 0). masked: a grammar's
+    bitmask went over the logits, so -inf is a forbidden token, not a fault (kernels/greedy_sample.py)."""
     if use_triton(logits):
         from kernels.greedy_sample import greedy_sample as kernel
 
-        return kernel(logits)
-    return greedy_sample_ref(logits)
+        return kernel(logits, masked=masked)
+    return greedy_sample_ref(logits, masked)
 
 
-def random_sample(logits: torch.Tensor, params: torch.Tensor, rows_ask_step_0: bool = False) -> torch.Tensor:
+def random_sample(
+    logits: torch.Tensor, params: torch.Tensor, rows_ask_step_0: bool = False, masked: bool = False
+) -> torch.Tensor:
     """[S, V] logits, [5, S] float64 params on the host (kernels.random_sample.pack_params; pinned
     for CUDA) -> [2, S] int64 on logits' device: (token per row, 1 if the row is all finite else 0).
-    rows_ask_step_0: some row has kernels.random_sample.asks_step_0 (the caller knows from its lists)."""
+    rows_ask_step_0: some row has kernels.random_sample.asks_step_0 (the caller knows from its lists).
+    masked: as greedy_sample's."""
     if use_triton(logits):
         from kernels.random_sample import random_sample as kernel
         from kernels.random_sample import wants_step_0
 
         step_0 = wants_step_0(rows_ask_step_0, logits.shape[0], logits.shape[1], logits.device)
-        return kernel(logits, params.to(logits.device, non_blocking=True), select_top_k=step_0)
-    return random_sample_torch(logits, params)  # reads params on the host, where they already are
+        return kernel(logits, params.to(logits.device, non_blocking=True), masked=masked, select_top_k=step_0)
+    return random_sample_torch(logits, params, masked)  # reads params on the host, where they already are
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,10 @@ choices. Every request has a seed: a random one when the caller gives none.
 
 On CUDA, rows that only choose (no penalties, bias or min_tokens) take the sort-free kernels of
 kernels/random_sample.py (through engine/ops.py); other rows, and every row off CUDA, the torch sampling of
-engine/torch_sampling.py, which draws the same tokens.
+engine/torch_sampling.py, which draws the same tokens. A grammar's mask keeps a row on the kernels: it goes
+over the logits in place first, and the kernels then take -inf as a forbidden token (their `masked`). A NaN
+or infinity at a token the mask forbids is then overwritten unseen (it could never be chosen); one the mask
+leaves standing still fails its row.
 """
 
 from __future__ import annotations
@@ -121,8 +124,14 @@ class Sampler:
     def sample_packed(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """[2, S] int64 on the device (token ids, 1 where the row's logits were all finite), without
         waiting for it. When every row only chooses (greedy, temperature, top-k/p, min-p: no
-        penalties, bias or min_tokens) that is ops.random_sample, two kernels on CUDA; else `sample`."""
-        if all(map(only_chooses, requests)):
+        penalties, bias or min_tokens), a grammar's mask aside, that is ops.random_sample (two kernels on CUDA)
+        or ops.greedy_sample, after the masks go over the logits in place; else `sample`."""
+        if all(map(chooses_after_mask, requests)):
+            masked = any(r.grammar is not None for r in requests)
+            if masked:
+                apply_grammar_masks(logits, requests, self._mask_buffers)
+                if all(r.sampling_params.is_greedy for r in requests):
+                    return ops.greedy_sample(logits, masked=True)
             vocab = logits.shape[-1]
             rows = [
                 (0.0 if p.is_greedy else p.temperature, top_k_within(p, vocab), p.top_p, p.min_p)
@@ -131,7 +140,7 @@ class Sampler:
             columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[], [], [], []]
             params = pack_params(*columns, sampling_keys(requests), pin=logits.is_cuda)
             rows_ask = any(asks_step_0(t, k, p) for t, k, p, _ in rows)
-            return ops.random_sample(logits, params, rows_ask_step_0=rows_ask)
+            return ops.random_sample(logits, params, rows_ask_step_0=rows_ask, masked=masked)
         token_ids, bad, _ = self.sample(logits, requests)
         return torch.stack([token_ids, (~bad).to(torch.int64)])
 
@@ -233,10 +242,15 @@ def top_k_within(params: SamplingParams, vocab_size: int) -> int:
 
 def only_chooses(request: Request) -> bool:
     """Nothing changes the row's logits before the choice (penalties, bias, min_tokens, a grammar's mask)."""
+    return request.grammar is None and chooses_after_mask(request)
+
+
+def chooses_after_mask(request: Request) -> bool:
+    """Nothing but a grammar's mask changes the row's logits before the choice (no penalties, bias or
+    min_tokens)."""
     p = request.sampling_params
     return (
-        request.grammar is None
-        and p.repetition_penalty == 1.0
+        p.repetition_penalty == 1.0
         and not p.presence_penalty
         and not p.frequency_penalty
         and not p.logit_bias

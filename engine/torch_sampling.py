@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from kernels.greedy_sample import masked_rows_finite
+
 _M32 = 0xFFFFFFFF
 
 
@@ -105,10 +107,11 @@ def race_sample(
     return (probs / noise).argmax(dim=-1)
 
 
-def random_sample_torch(logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-    """kernels/random_sample.py's random_sample by sorting (NOTE: reads params on the host: a sync on CUDA)."""
+def random_sample_torch(logits: torch.Tensor, params: torch.Tensor, masked: bool = False) -> torch.Tensor:
+    """kernels/random_sample.py's random_sample by sorting (NOTE: reads params on the host: a sync on CUDA);
+    masked as the kernel's (-inf: a token a grammar forbids)."""
     temperature, top_k, top_p, min_p, keys = params.tolist()
-    finite = torch.isfinite(logits).all(dim=-1)  # [S]
+    finite = masked_rows_finite(logits) if masked else torch.isfinite(logits).all(dim=-1)  # [S]
     logits = torch.where(finite[:, None], logits.float(), 0.0)
     tokens = logits.argmax(dim=-1)
     sampled = [row for row, t in enumerate(temperature) if t > 0]

@@ -7,6 +7,9 @@ of the row is finite, else 0. Packed so that the caller's one .tolist() is the s
 one host sync. Exact (no arithmetic beyond comparisons). A row holding a NaN gets an
 arbitrary token id and finite 0: the engine reports it as an error, never samples it.
 
+masked=True: the logits went through a grammar's token bitmask (kernels/token_bitmask.py) first, so -inf
+is a forbidden token, not a fault; a row is then bad where it holds a NaN or +inf, or no finite logit.
+
 Why: torch's argmax and the sum that checks finiteness are each one thread block per
 row, so at batch 1 over a 128k vocabulary one SM reads the whole row twice; this kernel spreads
 the row over many programs and reads it once (decision 0006).
@@ -31,9 +34,13 @@ MAX_CHUNKS = 128
 
 
 @triton.jit
-def fold_argmax(x, idx, valid, best, best_idx, bad):
-    """Folds one tile of a row into per-lane (max, first index of the max, non-finite count)."""
-    bad += (((x != x) | (tl.abs(x) == float("inf"))) & valid).to(tl.int32)
+def fold_argmax(x, idx, valid, best, best_idx, bad, MASKED: tl.constexpr):
+    """Folds one tile of a row into per-lane (max, first index of the max, count of faulty logits: NaN and
+    infinities, or NaN and +inf only when MASKED)."""
+    if MASKED:
+        bad += (((x != x) | (x == float("inf"))) & valid).to(tl.int32)
+    else:
+        bad += (((x != x) | (tl.abs(x) == float("inf"))) & valid).to(tl.int32)
     better = x > best  # strict: an earlier column keeps a tie
     return tl.where(better, x, best), tl.where(better, idx, best_idx), bad
 
@@ -62,6 +69,7 @@ def _greedy_kernel(
     stride_row,
     BLOCK_C: tl.constexpr,  # MAX_CHUNKS: one compiled variant for every C
     BLOCK_V: tl.constexpr,
+    MASKED: tl.constexpr,  # -inf is a masked token (the module's docstring)
     PDL: tl.constexpr,
 ):
     pdl_launch_dependents(PDL)
@@ -77,7 +85,7 @@ def _greedy_kernel(
     for start in range(chunk * BLOCK_V, vocab, num_chunks * BLOCK_V):
         idx = start + cols
         x = tl.load(base + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-        best, best_idx, bad = fold_argmax(x, idx, idx < vocab, best, best_idx, bad)
+        best, best_idx, bad = fold_argmax(x, idx, idx < vocab, best, best_idx, bad, MASKED)
     chunk_max, chunk_idx = first_argmax(best, best_idx)
     part = row * num_chunks + chunk
     tl.store(part_max_ptr + part, chunk_max)
@@ -91,10 +99,13 @@ def _greedy_kernel(
         maxes = tl.load(part_max_ptr + row * num_chunks + c, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
         idxs = tl.load(part_idx_ptr + row * num_chunks + c, mask=c_mask, other=2**31 - 1, cache_modifier=".cg")
         bads = tl.load(part_bad_ptr + row * num_chunks + c, mask=c_mask, other=0, cache_modifier=".cg")
-        _, token = first_argmax(maxes, idxs)
+        top, token = first_argmax(maxes, idxs)
         token = tl.where(token == 2**31 - 1, 0, token)  # an all -inf / NaN row: no max; it is flagged below
+        finite = tl.sum(bads, axis=0) == 0
+        if MASKED:
+            finite = finite & (top > float("-inf"))
         tl.store(out_ptr + row, token.to(tl.int64))
-        tl.store(out_ptr + num_rows + row, (tl.sum(bads, axis=0) == 0).to(tl.int64))
+        tl.store(out_ptr + num_rows + row, finite.to(tl.int64))
         tl.atomic_xchg(counter_ptr + row, 0)  # ready for the next call
 
 
@@ -123,10 +134,11 @@ def row_chunks(num_rows: int, vocab: int, device: torch.device, chunks: int | No
     return chunks
 
 
-def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.Tensor:
+def greedy_sample(logits: torch.Tensor, *, masked: bool = False, chunks: int | None = None) -> torch.Tensor:
     """[S, V] logits -> [2, S] int64: (argmax per row, 1 if the row is all finite else 0).
 
-    chunks overrides the programs per row (tests)."""
+    masked: -inf marks a token a grammar forbids (the module's docstring). chunks overrides the programs per
+    row (tests)."""
     check_device(_greedy_kernel, "logits", logits)
     check_logits(logits)
     num_rows, vocab = logits.shape
@@ -140,18 +152,27 @@ def greedy_sample(logits: torch.Tensor, *, chunks: int | None = None) -> torch.T
     _greedy_kernel[(num_rows, chunks)](
         logits, part_max, part_idx, part_bad, ticket_counters(num_rows, logits.device), out,
         num_rows, chunks, vocab, logits.stride(0),
-        BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, num_warps=8, **pdl_options(logits.device),
+        BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, MASKED=masked, num_warps=8, **pdl_options(logits.device),
     )  # fmt: skip
     return out
 
 
-def greedy_sample_ref(logits: torch.Tensor) -> torch.Tensor:
-    """[S, V] -> [2, S] int64: (argmax, all finite) per row.
+def greedy_sample_ref(logits: torch.Tensor, masked: bool = False) -> torch.Tensor:
+    """[S, V] -> [2, S] int64: (argmax, all finite) per row; masked as greedy_sample's.
 
     NOTE: a row is all finite iff its sum is (a NaN or an infinity anywhere makes the sum
     non-finite; the logits of a real model are far from overflowing an fp32 sum, which 16-bit logits get
     too: an fp16 sum of a vocabulary's logits can overflow). On the CPU, the engine's path there,
     isfinite over every logit costs far more than the sum (decision 0006).
     """
+    if masked:
+        return torch.stack((logits.argmax(dim=-1), masked_rows_finite(logits).to(torch.int64)))
     finite = torch.isfinite(logits.sum(dim=-1, dtype=torch.float32))
     return torch.stack((logits.argmax(dim=-1), finite.to(torch.int64)))
+
+
+def masked_rows_finite(logits: torch.Tensor) -> torch.Tensor:
+    """[S, V] -> [S] bool: the row holds no NaN or +inf and some finite logit (-inf: a token a grammar's mask
+    forbids). A sum with the -inf taken out is finite exactly then (the non-masked sum's argument)."""
+    kept = logits.float().masked_fill(logits == float("-inf"), 0.0)
+    return torch.isfinite(kept.sum(dim=-1)) & (logits.amax(dim=-1) > float("-inf"))

@@ -32,7 +32,9 @@ from an atomic counter, greedy_sample's pattern) merging the shares:
        value; without step 0, select_top_k=False, it finds it by the same radix select alone, and
        top-k with top-p always goes there).
 Temperature 0 is greedy (the first argmax, as torch.argmax). A row with a non-finite logit gets
-token 0 and finite 0: the engine reports it as an error and never uses the token.
+token 0 and finite 0: the engine reports it as an error and never uses the token. masked=True (logits a
+grammar's bitmask went over first): -inf is a forbidden token, and only NaN, +inf or a row without a finite
+logit is bad (greedy_sample's masked).
 
 Precision contract: the same token as the reference except where two candidates' scores are
 within float rounding of each other (the race compares x - log E instead of p / E, and exp and
@@ -162,6 +164,7 @@ def _race_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
     HAS_KTH: tl.constexpr,  # step 0 ran before
+    MASKED: tl.constexpr,  # -inf is a masked token (the module's docstring)
     PDL: tl.constexpr,
 ):
     """Step 1 and the race over every token (over x >= the k-th largest for rows step 0 took), chunk c of
@@ -193,7 +196,7 @@ def _race_kernel(
         idx = start + cols
         valid = idx < vocab
         raw = tl.load(base + idx, mask=valid, other=float("-inf")).to(tl.float32)
-        best, best_idx, bad = fold_argmax(raw, idx, valid, best, best_idx, bad)
+        best, best_idx, bad = fold_argmax(raw, idx, valid, best, best_idx, bad, MASKED)
         x = raw * inv_temp
         x = tl.where(x >= lower, x, float("-inf"))  # outside the top k: neither in the softmax nor the race
         m_new = tl.maximum(m_lane, x)
@@ -226,6 +229,8 @@ def _race_kernel(
         maxes = tl.load(parts, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
         idxs = tl.load(parts + plane, mask=c_mask, other=0.0, cache_modifier=".cg").to(tl.int32)
         finite = tl.sum(tl.load(parts + 2 * plane, mask=c_mask, other=0.0, cache_modifier=".cg")) == 0
+        if MASKED:
+            finite = finite & (tl.max(maxes) > float("-inf"))
         ms = tl.load(parts + 3 * plane, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
         zs = tl.load(parts + 4 * plane, mask=c_mask, other=0.0, cache_modifier=".cg")
         races = tl.load(parts + 5 * plane, mask=c_mask, other=float("-inf"), cache_modifier=".cg")
@@ -236,7 +241,8 @@ def _race_kernel(
         state = tl.zeros([], tl.int32) + DONE
         x_won = tl.zeros([], tl.float32)
         if sampled:
-            _, token = first_argmax(races, race_idxs)
+            race_top, token = first_argmax(races, race_idxs)
+            token = tl.where(race_top > float("-inf"), token, 0)  # no token raced (a row of -inf): flagged below
             x_won = tl.load(base + token).to(tl.float32) * inv_temp
             if (top_k > 0) & (top_p < 1.0) & (not kth_known):
                 state = ALONE  # the nucleus needs the top-k set's mass
@@ -349,13 +355,15 @@ def wants_step_0(rows_ask: bool, num_rows: int, vocab: int, device: torch.device
 
 
 def random_sample(
-    logits: torch.Tensor, params: torch.Tensor, *, chunks: int | None = None, select_top_k: bool | None = None
-) -> torch.Tensor:
+    logits: torch.Tensor, params: torch.Tensor, *, masked: bool = False, chunks: int | None = None,
+    select_top_k: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """[S, V] logits and [5, S] params (pack_params, on logits' device) -> [2, S] int64 (token, finite).
 
-    chunks overrides the programs per row (tests). select_top_k: whether to run step 0 first (None:
-    wants_step_0's rule, asking the params here, which waits for the device if they live there;
-    False leaves top-k to the check and the single-program path)."""
+    masked: -inf marks a token a grammar forbids (the module's docstring). chunks overrides the programs per
+    row (tests). select_top_k: whether to run step 0 first (None: wants_step_0's rule, asking the params
+    here, which waits for the device if they live there; False leaves top-k to the check and the
+    single-program path)."""
     check_device(_race_kernel, "logits and params", logits, params)
     check_logits(logits)
     num_rows, vocab = logits.shape
@@ -375,6 +383,6 @@ def random_sample(
     kth = top_k_thresholds_on(logits, params, chunks, counters) if select_top_k else work
     args = (logits, params, work, counters, packed, kth, num_rows, chunks, vocab, logits.stride(0))
     tiles = dict(BLOCK_C=MAX_CHUNKS, BLOCK_V=BLOCK_V, HAS_KTH=select_top_k, num_warps=NUM_WARPS)
-    _race_kernel[(num_rows, chunks)](*args, **tiles, **pdl_options(logits.device))
+    _race_kernel[(num_rows, chunks)](*args, **tiles, MASKED=masked, **pdl_options(logits.device))
     _check_kernel[(num_rows, chunks)](*args, **tiles, **pdl_options(logits.device))
     return packed

@@ -1,6 +1,7 @@
 """The sampler's grammar step: the constrained rows' next-token masks filled on the host, then applied to the
 logits on the device in one kernel (ops.apply_token_bitmask), after penalties and bias and before
-temperature, top-k/top-p and the choice.
+temperature, top-k/top-p and the choice. Where a row has no penalties or bias (Sampler.sample_packed) the mask
+goes over the LM head's output in place and the sampling kernels choose from it.
 
 Rows without a constraint are not listed, so the kernel neither reads nor writes them; a step with no
 constrained row never calls this.

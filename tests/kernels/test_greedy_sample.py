@@ -44,6 +44,29 @@ def test_non_finite_rows_are_flagged(device):
         assert greedy_sample(logits, chunks=2)[1].tolist() == [1, 0, 0, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_masked_rows_take_minus_inf_as_a_forbidden_token(dtype, device):
+    """masked=True (a grammar's bitmask went over the logits): -inf is no fault, the argmax skips it; NaN,
+    +inf and a row with no finite logit still are."""
+    vocab = 2 * BLOCK_V + 9
+    logits = torch.randn(5, vocab, device=device)
+    logits[:, ::3] = float("-inf")  # every row masked in part, the first chunk's maximum among them
+    logits[:, 0] = 50.0
+    logits[:, 0] = float("-inf")
+    logits[1, 7] = float("nan")
+    logits[2, 2 * BLOCK_V + 8] = float("inf")
+    logits[3] = float("-inf")
+    logits = logits.to(dtype)
+    want_tokens = logits[0].float().argmax().item(), logits[4].float().argmax().item()
+    for chunks in (1, 2, 3):
+        out = greedy_sample(logits, masked=True, chunks=chunks)
+        assert out[1].tolist() == [1, 0, 0, 0, 1]
+        assert (out[0, 0].item(), out[0, 4].item()) == want_tokens
+        ref = greedy_sample_ref(logits, masked=True)
+        assert ref[1].tolist() == out[1].tolist() and ref[0, [0, 4]].tolist() == list(want_tokens)
+    assert greedy_sample(logits, chunks=2)[1].tolist() == [0, 0, 0, 0, 0]  # unmasked: -inf is a fault
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16_bit_logits_whose_sum_overflows_their_dtype_are_finite(dtype, device):
     """The engine samples greedy rows from the LM head's 16-bit output (LMHead, widen=False): a row of

@@ -190,6 +190,36 @@ def test_non_finite_rows_are_flagged_and_other_rows_unaffected(device):
     _assert_same_or_near_tie(out[0, :1].tolist(), want, scores)
 
 
+@STEP_0
+def test_masked_logits_sample_only_allowed_tokens(select_top_k, device):
+    """masked=True (a grammar's bitmask went over the logits, kernels/token_bitmask.py): the tokens of the
+    reference over the same masked logits, each inside its row's allowed set, every filter config; -inf is
+    no fault, while NaN and a row left with no token still are."""
+    gen = torch.Generator().manual_seed(3)
+    configs = CONFIGS * 2
+    vocab = 4096 + 37
+    seeds, positions = list(range(len(configs))), [9] * len(configs)
+    logits = (torch.randn(len(configs), vocab, generator=gen) * 2).mul(64).round().div(64)
+    logits[:, :5] += 6
+    allowed = torch.rand(len(configs), vocab, generator=gen) < 0.2
+    allowed[:, 0] = False  # a likely token forbidden
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    params = _params(configs, seeds, positions, device)
+    out = random_sample(logits.to(device), params, masked=True, select_top_k=select_top_k).cpu()
+    assert out[1].tolist() == [1] * len(configs)
+    assert all(allowed[row, token] for row, token in enumerate(out[0].tolist()))
+    want, scores = _reference(logits, configs, seeds, positions)
+    _assert_same_or_near_tie(out[0].tolist(), want, scores)
+    assert random_sample_torch(logits, params.cpu(), masked=True)[0].tolist() == want
+    assert random_sample(logits.to(device), params, select_top_k=select_top_k)[1].tolist() == [0] * len(configs)
+    bad = logits[:3].clone()
+    bad[1, 4] = float("nan")
+    bad[2] = float("-inf")
+    flags = random_sample(bad.to(device), params[:, :3].contiguous(), masked=True, select_top_k=select_top_k)[1]
+    assert flags.tolist() == [1, 0, 0]
+    assert random_sample_torch(bad, params[:, :3].cpu().contiguous(), masked=True)[1].tolist() == [1, 0, 0]
+
+
 def test_same_seed_and_position_give_the_same_token_in_any_batch(device):
     gen = torch.Generator().manual_seed(11)
     logits = torch.randn(1, 2000, generator=gen) * 3
