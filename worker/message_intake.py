@@ -1,7 +1,7 @@
 """The worker's intake: messages from the request stream into the batch window, and the window into the engine.
 
-When to read and how many is decided here, by free sequence slots and KV room; the Redis commands are
-worker/stream_reader.py's. While the engine is busy the reads ride the steps (decision 0025): `send_step_reads`
+When to read and how many is decided here, by free sequence slots (plus, under the priority policy, a queue
+that waits in the engine: decision 0062) and KV room; the Redis commands are worker/stream_reader.py's. While the engine is busy the reads ride the steps (decision 0025): `send_step_reads`
 sends the read of new messages, with the cancel check the loop adds, before the engine schedules a step, and
 `receive_step_reads` reads the replies after the step's outputs. The Worker (worker/loop.py) owns one
 MessageIntake and calls it from its loop thread only.
@@ -39,7 +39,8 @@ class MessageIntake:
     """Reads messages into the batch window and admits the window once it is due.
 
     Args:
-        settings: the worker's settings (max_num_seqs, block_size, claim_interval_ms, idle_block_ms, the window's).
+        settings: the worker's settings (max_num_seqs, max_queued_seqs, scheduling_policy, block_size,
+            claim_interval_ms, idle_block_ms, the window's).
         engine: the LLMEngine (whether it has work decides how long an idle read may wait).
         jobs: the worker's jobs in the engine, request id -> Job: the same dict as the Worker's; admission adds to it.
         reader: the request stream's Redis reads.
@@ -78,6 +79,10 @@ class MessageIntake:
         self.need_own_pending = True  # this worker's own pending messages are read first (at start, after an outage)
         self.next_claim_at = 0.0  # when to look for dead workers' messages next (monotonic)
         self._sent: StepReadsSent | None = None
+        # requests read beyond the free slots wait in the engine, ordered by priority; under fcfs they would gain
+        # nothing there and only keep messages from other workers
+        queued = settings.max_queued_seqs if settings.scheduling_policy == "priority" else 0
+        self.max_held = settings.max_num_seqs + queued
 
     # ---- the reads that ride a step ----------------------------------------------------------------------------
     def send_step_reads(self, free_kv_tokens: int, *, draining: bool) -> bool:
@@ -89,7 +94,7 @@ class MessageIntake:
         cancel_ids = list(self.jobs)
         commands = self.cancels.commands(cancel_ids)
         num_cancel_commands = len(commands)
-        free_slots = self.num_free_slots()
+        free_slots = self.num_readable()
         read_new = not draining and free_slots > 0 and self.has_kv_room(free_kv_tokens)
         if read_new:
             commands.append(self.reader.read_new_command(free_slots))
@@ -116,8 +121,9 @@ class MessageIntake:
         return sent.cancel_ids, replies[: sent.num_cancel_commands]
 
     # ---- reading into the window ----------------------------------------------------------------------------------
-    def num_free_slots(self) -> int:
-        return self.settings.max_num_seqs - len(self.jobs) - len(self.window)
+    def num_readable(self) -> int:
+        """Messages the worker may still read: free sequence slots, plus the queue the engine orders by priority."""
+        return self.max_held - len(self.jobs) - len(self.window)
 
     def has_kv_room(self, free_kv_tokens: int) -> bool:
         """Read only while the KV pool has room beyond the prompts already waiting for it, so
@@ -143,15 +149,15 @@ class MessageIntake:
         Redis."""
         reached = False
         if self.need_own_pending:
-            self.receive(self.reader.read_own_pending(max(1, self.num_free_slots())))
+            self.receive(self.reader.read_own_pending(max(1, self.num_readable())))
             self.need_own_pending, reached = False, True
         now = time.monotonic()
-        if now >= self.next_claim_at and self.num_free_slots() > 0:
+        if now >= self.next_claim_at and self.num_readable() > 0:
             self.next_claim_at = now + self.settings.claim_interval_ms / 1000
-            self.receive(self.reader.claim_abandoned(self.num_free_slots()))
+            self.receive(self.reader.claim_abandoned(self.num_readable()))
             reached = True
-        if not deferred_new and self.num_free_slots() > 0 and self.has_kv_room(free_kv_tokens):
-            self.receive(self.reader.read_new(self.num_free_slots(), self.block_ms()))
+        if not deferred_new and self.num_readable() > 0 and self.has_kv_room(free_kv_tokens):
+            self.receive(self.reader.read_new(self.num_readable(), self.block_ms()))
             reached = True
         return reached
 
@@ -165,7 +171,7 @@ class MessageIntake:
 
         NOTE: Admitter.admit does all its Redis reads before touching the engine, so a failure here leaves
         the window as it was, to be admitted on a later try."""
-        if not len(self.window) or not self.window.is_due(self.num_free_slots()):
+        if not len(self.window) or not self.window.is_due(self.num_readable()):
             return False
         self._admit(self.window.deliveries)
         self.window.take()

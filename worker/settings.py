@@ -83,6 +83,14 @@ class WorkerSettings(BaseSettings):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "priority", description="'priority': lower `priority` first, then arrival order."
     )
+    max_queued_seqs: int = Field(
+        256,
+        ge=0,
+        description="Under the 'priority' policy, requests a worker reads beyond its free sequence slots: they wait "
+        "in its engine, which orders them by priority, instead of in the request stream, where a request waits "
+        "behind every earlier one whatever its priority (a Batch API batch's lines ahead of interactive "
+        "requests, decision 0062). 0 reads only what can start; 'fcfs' always does.",
+    )
     speculative_method: Literal["ngram", "draft"] | None = Field(
         None,
         description="Speculative decoding: 'ngram' proposes the tokens that followed the newest n-gram's latest "

@@ -44,8 +44,9 @@ def test_worker_rides_out_a_redis_restart(private_redis, prefix, worker_model_di
         f"r-{i}": (engine.encode(f"Restart test {i}"), {"temperature": 0, "max_tokens": 40, "ignore_eos": True})
         for i in range(8)
     }
-    # Two at a time, so most requests are still queued in the stream when Redis goes down.
-    settings = make_settings(private_redis, prefix, worker_model_dir, max_num_seqs=2)
+    # Two at a time and no queue in the engine (decision 0062), so most requests are still queued in the stream
+    # when Redis goes down.
+    settings = make_settings(private_redis, prefix, worker_model_dir, max_num_seqs=2, max_queued_seqs=0)
     with ThreadWorker(settings, engine=engine) as tw:
         for request_id, (prompt_ids, params) in requests.items():
             submit(client, keys, request_id, prompt_token_ids=prompt_ids, params=params)  # XADD returned
