@@ -7,7 +7,8 @@ while KV blocks last. A prompt longer than what is left of the budget is simply
 cut (chunked prefill). When a running request cannot get a block, the request at
 the tail of the running list (the newest, or the lowest priority) is preempted:
 its blocks are freed and it is recomputed later from its tokens (prefix caching
-usually makes that cheap).
+usually makes that cheap). Under the priority policy a waiting request also takes the
+place (slot or blocks) of a running one of strictly lower priority (decision 0062).
 """
 
 from __future__ import annotations
@@ -79,14 +80,17 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         if self.config.policy == "priority":
-            # Keep `waiting` sorted by (priority, arrival); new arrivals rarely jump far.
-            key = (request.priority, request.arrival_time)
-            index = len(self.waiting)
-            while index > 0 and (self.waiting[index - 1].priority, self.waiting[index - 1].arrival_time) > key:
-                index -= 1
-            self.waiting.insert(index, request)
+            self._insert_waiting(request)
         else:
             self.waiting.append(request)
+
+    def _insert_waiting(self, request: Request) -> None:
+        """Keeps `waiting` sorted by (priority, arrival); new arrivals rarely jump far."""
+        key = (request.priority, request.arrival_time)
+        index = len(self.waiting)
+        while index > 0 and (self.waiting[index - 1].priority, self.waiting[index - 1].arrival_time) > key:
+            index -= 1
+        self.waiting.insert(index, request)
 
     def finish_request(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         """Take a request out of the queues and free its blocks."""
@@ -154,8 +158,16 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         skipped: list[Request] = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0:
             request = self.waiting[0]
+            if request.request_id in out.preempted_request_ids:
+                break  # preempted for the requests before it: not back in the step that took its place
+            if len(self.running) >= self.config.max_num_seqs:
+                victim = self._outranked_by(request)
+                if victim is None:
+                    break
+                budget += self._preempt(victim, out)  # a slot for a higher priority (decision 0062)
+                continue
             if self._waits_for_sibling(request):
                 skipped.append(self.waiting.popleft())
                 continue
@@ -169,7 +181,11 @@ class Scheduler:
             request.num_computed_tokens = num_computed
             if not self.block_manager.allocate_slots(request, num_new, computed):
                 request.num_computed_tokens = 0
-                break
+                victim = self._outranked_by(request)
+                if victim is None:
+                    break
+                budget += self._preempt(victim, out)  # its blocks for a higher priority
+                continue
             self.waiting.popleft()
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
@@ -193,6 +209,15 @@ class Scheduler:
             other.parent_id == request.parent_id and other.choice_index < request.choice_index for other in self.waiting
         )
 
+    def _outranked_by(self, request: Request) -> Request | None:
+        """Under the priority policy, the running request a waiting one of strictly higher priority (a lower
+        value) may take the place of: the lowest priority, the newest among equals; else None. vLLM's priority
+        scheduling preempts so too: an interactive request never waits for a batch line to finish."""
+        if self.config.policy != "priority" or not self.running:
+            return None
+        victim = self._pick_victim()
+        return victim if victim.priority > request.priority else None
+
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
@@ -210,7 +235,10 @@ class Scheduler:
         request.proposed_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        if self.config.policy == "priority":
+            self._insert_waiting(request)  # behind the waiting requests that outrank it
+        else:
+            self.waiting.appendleft(request)
         out.preempted_request_ids.append(request.request_id)
         return refund
 

@@ -64,8 +64,12 @@ def _allowed(request: Request, token: int) -> bool:
     "params",
     [
         [SamplingParams(temperature=0.0)] * 3,  # every row greedy: the greedy kernel
-        [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_p=0.9),
-         SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=20)],  # fmt: skip
+        [
+            SamplingParams(temperature=0.8),
+            SamplingParams(temperature=1.0, top_p=0.9),
+            SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.7, top_k=20),
+        ],  # fmt: skip
     ],
     ids=["greedy", "mixed"],
 )

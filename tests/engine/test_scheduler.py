@@ -192,3 +192,57 @@ def test_proposed_tokens_take_budget_and_blocks_but_never_preempt():
         ("b", 1, []),
     ]
     assert not out.preempted_request_ids and s.num_preemptions == 0
+
+
+def test_a_waiting_request_of_higher_priority_takes_a_full_batchs_newest_lowest_slot():
+    """max_num_seqs reached by batch lines (priority 1000): an interactive request (0) preempts the newest of
+    them at once instead of waiting for one to finish (decision 0062); the line waits behind it, keeps its
+    place among equals, and comes back, recomputing from its tokens, when a slot frees."""
+    s = sched(64, max_seqs=2, policy="priority")
+    first, second = make("line0", 4, priority=1000, arrival=0.0), make("line1", 4, priority=1000, arrival=1.0)
+    queued = make("line2", 4, priority=1000, arrival=2.0)
+    for request in (first, second, queued):
+        s.add_request(request)
+    run_step(s)
+    run_step(s)
+    assert s.running == [first, second]
+    interactive = make("chat", 4, priority=0, arrival=3.0)
+    s.add_request(interactive)
+    out = run_step(s)
+    assert out.preempted_request_ids == ["line1"]
+    assert [x.request.request_id for x in out.scheduled] == ["line0", "chat"]
+    assert s.running == [first, interactive]
+    assert [r.request_id for r in s.waiting] == ["line1", "line2"]  # arrival order among the lines
+    assert second.status is RequestStatus.PREEMPTED and second.num_computed_tokens == 0
+    assert out.new_request_ids == ["chat"]
+    s.finish_request(first, FinishReason.STOP)
+    out = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["chat", "line1"]
+    # its prompt block was kept in the prefix cache: it recomputes only its two sampled tokens
+    assert (out.scheduled[1].num_computed_tokens, out.scheduled[1].num_new_tokens) == (4, 2)
+
+
+def test_equal_priorities_and_fcfs_never_preempt_for_a_slot():
+    for policy, priority in (("priority", 1000), ("fcfs", 0)):
+        s = sched(64, max_seqs=2, policy=policy)
+        running = [make("a", 4, priority=1000, arrival=0.0), make("b", 4, priority=1000, arrival=1.0)]
+        for request in running:
+            s.add_request(request)
+        run_step(s)
+        s.add_request(make("c", 4, priority=priority, arrival=2.0))
+        out = run_step(s)
+        assert not out.preempted_request_ids and s.running == running, policy
+
+
+def test_a_higher_priority_takes_the_blocks_of_a_lower_one_when_the_pool_is_full():
+    s = sched(4, policy="priority")
+    low = make("low", 15, priority=1000)  # all 4 blocks, room in the last for its next token
+    s.add_request(low)
+    run_step(s)
+    assert s.block_manager.num_free_blocks == 0
+    high = make("high", 4, priority=0, arrival=1.0)
+    s.add_request(high)
+    out = run_step(s)
+    assert out.preempted_request_ids == ["low"]
+    assert [x.request.request_id for x in out.scheduled] == ["high"]
+    assert list(s.waiting) == [low]
