@@ -35,13 +35,12 @@ from batch.line_results import LineAnswer, LineResults
 from batch.output_lines import BATCH_CANCELLED, BATCH_EXPIRED, error_line, response_line
 from batch.served_model import ServedModel
 from batch.settings import BatchSettings
-from worker.protocol import Keys, encode_request
+from worker.protocol import DEFAULT_CANCEL_TTL_S, Keys, encode_request
 
 log = logging.getLogger("inferq.batch")
 
 READ_BLOCK_MS = 200
 MODEL_REFRESH_S = 1.0
-CANCEL_TTL_S = 3600
 
 
 class BatchRunner:
@@ -196,6 +195,6 @@ class BatchRunner:
             return
         pipe = self.redis.pipeline(transaction=False)
         for item in lines:
-            pipe.set(self.wire.cancel(item.meta.request_id), "1", ex=CANCEL_TTL_S)
+            pipe.set(self.wire.cancel(item.meta.request_id), "1", ex=DEFAULT_CANCEL_TTL_S)
         pipe.incrby(self.wire.cancels, 1)
         pipe.execute()

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import NoReturn
 
+from worker.settings import QUANTIZATIONS
+
 MODULES = {"api": "api", "worker": "worker", "generate": "engine.generate"}
 
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-threads", type=int, default=None, help="torch threads of a CPU worker (default: usable cores - 1)"
     )
     up.add_argument(
-        "--quantization", default=None, choices=("fp8", "int8", "int4", "nf4"),
+        "--quantization", default=None, choices=QUANTIZATIONS,
         help="quantize the model's linear layers at load (docs/quantization.md)",
     )  # fmt: skip
     up.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")

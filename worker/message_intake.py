@@ -1,9 +1,10 @@
 """The worker's intake: messages from the request stream into the batch window, and the window into the engine.
 
 When to read and how many is decided here, by free sequence slots (plus, under the priority policy, a queue
-that waits in the engine: decision 0062) and KV room; the Redis commands are worker/stream_reader.py's. While the engine is busy the reads ride the steps (decision 0025): `send_step_reads`
-sends the read of new messages, with the cancel check the loop adds, before the engine schedules a step, and
-`receive_step_reads` reads the replies after the step's outputs. The Worker (worker/loop.py) owns one
+that waits in the engine: decision 0062) and KV room; the Redis commands are worker/stream_reader.py's. While
+the engine is busy the reads ride the steps (decision 0025): `send_step_reads` sends the read of new messages,
+with the cancel check the loop adds, before the engine schedules a step, and `receive_step_reads` reads the
+replies after the step's outputs. The Worker (worker/loop.py) owns one
 MessageIntake and calls it from its loop thread only.
 """
 

@@ -7,12 +7,17 @@ Flags win over the environment, which wins over the defaults:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
 from worker.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TTL_S, DEFAULT_PREFIX, DEFAULT_RESULT_TTL_S
+
+# the on-the-fly schemes of engine/quantization/scheme.py (engine.config.QUANTIZATIONS; a test keeps them equal):
+# named here so that `inferq up --quantization` offers them without importing the engine
+Quantization = Literal["fp8", "int8", "int4", "nf4"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 
 class WorkerSettings(BaseSettings):
@@ -40,7 +45,7 @@ class WorkerSettings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description="Weights/activations dtype.")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     kernels: Literal["auto", "torch", "triton"] = Field("auto", description="Triton kernels or torch references.")
-    quantization: Literal["fp8", "int8", "int4", "nf4"] | None = Field(
+    quantization: Quantization | None = Field(
         None,
         description="Quantize a dense checkpoint's linear layers at load: int8/fp8 per channel, int4 in groups of "
         "128 (64 or 32 where 128 does not divide a layer), nf4 in blocks of 64 (docs/quantization.md); quantized "

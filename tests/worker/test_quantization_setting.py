@@ -21,3 +21,10 @@ def test_a_bad_quantization_names_the_setting():
     with pytest.raises((ValidationError, SystemExit)) as info:
         WorkerSettings.from_cli(["--quantization", "int3"])
     assert "quantization" in str(info.value)
+
+
+def test_the_settings_offer_exactly_the_engines_schemes():
+    from engine.config import QUANTIZATIONS as ENGINE_SCHEMES
+    from worker.settings import QUANTIZATIONS
+
+    assert QUANTIZATIONS == ENGINE_SCHEMES
