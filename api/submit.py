@@ -38,7 +38,7 @@ from api.events import EventSource
 from api.limits import check_token_ids, token_budget
 from api.metrics import RequestObserver
 from api.output_plan import NO_PLAN, OutputPlan, asks_for_output_checks, plan_output
-from api.request_build import build_request, kind_of
+from api.request_build import build_request, kind_of, prompt_token_count
 from api.request_meta import CHAT, RequestMeta, load_meta, save_meta
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState
@@ -72,21 +72,18 @@ async def count_prompt_tokens(
     body: ChatCompletionRequest | CompletionRequest,
     tools: list[dict[str, Any]] | None = None,
 ) -> int | None:
+    """request_build.prompt_token_count, on a worker thread where the text is long enough to hold up the event
+    loop."""
+    if tokenizer is not None and _prompt_chars(body) > _INLINE_TOKENIZE_CHARS:
+        return await anyio.to_thread.run_sync(prompt_token_count, tokenizer, body, tools)
+    return prompt_token_count(tokenizer, body, tools)
+
+
+def _prompt_chars(body: ChatCompletionRequest | CompletionRequest) -> int:
     if isinstance(body, CompletionRequest):
         prompt = body.single_prompt()
-        if isinstance(prompt, list):
-            return len(prompt)
-        if tokenizer is None:
-            return None
-        if len(prompt) > _INLINE_TOKENIZE_CHARS:
-            return await anyio.to_thread.run_sync(tokenizer.count_text, prompt)
-        return tokenizer.count_text(prompt)
-    if tokenizer is None:
-        return None
-    messages = body.wire_messages()
-    if sum(len(m["content"] or "") for m in messages) > _INLINE_TOKENIZE_CHARS:
-        return await anyio.to_thread.run_sync(tokenizer.count_chat, messages, tools)
-    return tokenizer.count_chat(messages, tools)
+        return 0 if isinstance(prompt, list) else len(prompt)
+    return sum(len(m["content"] or "") for m in body.wire_messages())
 
 
 async def open_source(
