@@ -11,6 +11,7 @@ import torch
 
 from engine.quantization.checkpoint_config import CheckpointQuantization
 from engine.quantization.packed_tensors import PackedTensors, expect_shape, groups_of, unpack_int32
+from kernels.quant_formats import pack_int4
 
 PARTS = ("qweight", "qzeros", "scales")
 # the word's i-th code holds column AWQ_ORDER[i]; column j is code UNDO_ORDER[j]
@@ -35,6 +36,6 @@ def repack(prefix: str, parts: dict[str, torch.Tensor], quant: CheckpointQuantiz
     expect_shape(f"{prefix}.qzeros", qzeros, (groups, num_out // 8), "[K / group_size, N / 8]")
     codes = _columns(qweight.to(torch.int32)).t()  # [N, K]
     zeros = _columns(qzeros.to(torch.int32)).t().to(torch.uint8).contiguous()  # [N, K / G]
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    packed = pack_int4(codes)
     tensors = {"qweight": packed, "scales": scales.float().t().contiguous(), "zeros": zeros}
     return PackedTensors(f"{prefix}.weight", "int4", tensors, num_in // groups)

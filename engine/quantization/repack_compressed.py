@@ -17,6 +17,7 @@ import torch
 
 from engine.quantization.checkpoint_config import CheckpointQuantization
 from engine.quantization.packed_tensors import PackedTensors, expect_shape, groups_of, unpack_int32
+from kernels.quant_formats import pack_int4
 
 PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight", "input_scale", "weight_g_idx")
 FIELD = "quantization_config.config_groups.*.weights.group_size"
@@ -60,7 +61,7 @@ def _packed(prefix: str, parts: dict[str, torch.Tensor], quant: CheckpointQuanti
     if bits == 8:
         return PackedTensors(f"{prefix}.weight", "int8", {"qweight": (codes - 128).to(torch.int8), "scales": scales},
                              group)  # fmt: skip
-    tensors = {"qweight": (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous(), "scales": scales}
+    tensors = {"qweight": pack_int4(codes), "scales": scales}
     if quant.scheme.zeros:
         packed_zeros = parts["weight_zero_point"]
         expect_shape(f"{prefix}.weight_zero_point", packed_zeros, (-(-num_out // per_word), groups),

@@ -12,6 +12,7 @@ import torch
 
 from engine.quantization.checkpoint_config import CheckpointQuantization
 from engine.quantization.packed_tensors import PackedTensors, expect_shape, groups_of, to_int8_codes, unpack_int32
+from kernels.quant_formats import pack_int4
 
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 
@@ -49,7 +50,7 @@ def repack(prefix: str, parts: dict[str, torch.Tensor], quant: CheckpointQuantiz
     if bits == 8:
         qcodes = to_int8_codes(f"{prefix}.qzeros", codes, zeros, "quantization_config.sym")
         return PackedTensors(f"{prefix}.weight", "int8", {"qweight": qcodes.contiguous(), "scales": scales}, group)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    packed = pack_int4(codes)
     tensors = {"qweight": packed, "scales": scales, "zeros": zeros.to(torch.uint8).contiguous()}
     if not quant.scheme.zeros:  # symmetric: the layout's implied zero point of 8
         if not bool((zeros == 8).all()):
