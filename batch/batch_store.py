@@ -107,7 +107,9 @@ class BatchStore:
         }
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.keys.batch(batch_id), mapping=fields)
-        pipe.zadd(self.keys.batches, {batch_id: time.time_ns() // 1000})
+        created = {batch_id: time.time_ns() // 1000}
+        pipe.zadd(self.keys.batches, created)
+        pipe.zadd(self.keys.owner_batches(owner), created)
         pipe.execute()
         return fields
 
@@ -131,8 +133,11 @@ class BatchStore:
         self.redis.hset(self.keys.batch(batch_id), "dispatched_at", str(int(time.time())))
 
     def delete(self, batch_id: str) -> None:
+        owner = self.redis.hget(self.keys.batch(batch_id), "owner")
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.batch(batch_id), self.keys.lines(batch_id), self.keys.sent(batch_id))
         pipe.delete(self.keys.lease(batch_id))
         pipe.zrem(self.keys.batches, batch_id)
+        if owner is not None:
+            pipe.zrem(self.keys.owner_batches(owner), batch_id)
         pipe.execute()

@@ -86,7 +86,9 @@ class FileStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.keys.file(file_id), mapping=record.to_fields())
         # NOTE: the score is the creation time in microseconds, exact in a double, unique in practice.
-        pipe.zadd(self.keys.files, {file_id: time.time_ns() // 1000})
+        created = {file_id: time.time_ns() // 1000}
+        pipe.zadd(self.keys.files, created)
+        pipe.zadd(self.keys.owner_files(owner), created)
         pipe.execute()
         return record
 
@@ -102,9 +104,12 @@ class FileStore:
         return self.path(file_id).read_bytes()
 
     def delete(self, file_id: str) -> None:
+        owner = self.redis.hget(self.keys.file(file_id), "owner")
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.file(file_id))
         pipe.zrem(self.keys.files, file_id)
+        if owner is not None:
+            pipe.zrem(self.keys.owner_files(owner), file_id)
         pipe.execute()
         self.path(file_id).unlink(missing_ok=True)
 

@@ -22,6 +22,14 @@ class BatchKeys:
         """Sorted set: file ids by creation time (listing, sweeping)."""
         return f"{self.root}files"
 
+    def owner_files(self, owner: str) -> str:
+        """Sorted set: one owner's file ids by creation time (a page of GET /v1/files reads only these)."""
+        return f"{self.root}files-of:{owner}"
+
+    def owner_batches(self, owner: str) -> str:
+        """Sorted set: one owner's batch ids by creation time (a page of GET /v1/batches reads only these)."""
+        return f"{self.root}batches-of:{owner}"
+
     def batch(self, batch_id: str) -> str:
         """Hash: one batch's record (the OpenAI batch object's fields) and its counts."""
         return f"{self.root}b:{batch_id}"

@@ -58,6 +58,20 @@ def sweep_once(redis: Redis, settings: BatchSettings, dispatch: Callable[[str], 
             dispatch(batch_id)
 
 
+def index_by_owner(redis: Redis, keys: BatchKeys) -> int:
+    """Puts records made before the per-owner indexes existed (batch/keys.py's owner_files, owner_batches) into
+    them, under their creation score; ZADD NX leaves a record already there as it is. Returns how many it added.
+    Each batch worker runs it once as it starts, so listings find records older than the indexes."""
+    added = 0
+    for index, record_key, owner_index in ((keys.files, keys.file, keys.owner_files),
+                                           (keys.batches, keys.batch, keys.owner_batches)):  # fmt: skip
+        for item_id, score in redis.zrange(index, 0, -1, withscores=True):
+            owner = redis.hget(record_key(item_id), "owner")
+            if owner is not None:
+                added += redis.zadd(owner_index(owner), {item_id: score}, nx=True)
+    return added
+
+
 class Sweeper:
     """A daemon thread that sweeps every `batch_sweep_interval_s` when it wins the lock."""
 
@@ -76,7 +90,13 @@ class Sweeper:
     def _loop(self) -> None:
         interval = self.settings.batch_sweep_interval_s
         redis = Redis.from_url(self.settings.redis_url, decode_responses=True, health_check_interval=30)
-        lock = BatchKeys(self.settings.prefix).sweep_lock
+        keys = BatchKeys(self.settings.prefix)
+        lock = keys.sweep_lock
+        try:
+            if added := index_by_owner(redis, keys):
+                log.info("indexed %d older files and batches by owner", added)
+        except Exception:  # Redis away: listings miss the older records until a restart runs it again
+            log.exception("indexing files and batches by owner failed")
         while not self._stop.wait(interval):
             try:
                 if redis.set(lock, "1", nx=True, px=max(1, int(interval * 1000 * 0.9))):

@@ -55,7 +55,7 @@ METHOD_COMMANDS: dict[str, set[str]] = {
     "hset": {"hset"}, "hget": {"hget"}, "hgetall": {"hgetall"}, "hdel": {"hdel"}, "hvals": {"hvals"},
     "zadd": {"zadd"}, "zrem": {"zrem"}, "zcard": {"zcard"}, "zcount": {"zcount"},
     "hsetnx": {"hsetnx"}, "hkeys": {"hkeys"}, "xread": {"xread"},
-    "zrange": {"zrange"}, "zrevrange": {"zrevrange"},
+    "zrange": {"zrange"}, "zrevrange": {"zrevrange"}, "zrank": {"zrank"}, "zrevrank": {"zrevrank"},
     "scan": {"scan"}, "scan_iter": {"scan"}, "ping": {"ping"},
     # Script objects run EVALSHA, and SCRIPT LOAD when the server does not know the script yet.
     "register_script": {"evalsha", "script|load"},
