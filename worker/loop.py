@@ -79,6 +79,7 @@ class Worker:
             self.publisher = PublisherProcess(*where, self.consumer, settings.result_ttl_s, **callbacks)
         else:
             self.publisher = Publisher(self.client, self.keys, self.consumer, settings.result_ttl_s, **callbacks)
+        self.metrics.unwritten_batches.set_function(lambda: self.publisher.num_pending)
         self.lease = LeaseKeeper(
             self.client,
             self.keys,

@@ -61,6 +61,13 @@ class WorkerMetrics:
             "inferq_worker_requests_lost", "Requests another worker took over from this one.", registry=r
         )
         self.events_written = Counter("inferq_worker_events_written", "Result events written.", registry=r)
+        # read at each scrape (worker/loop.py sets its function to the publisher's count): a backlog here means
+        # tokens reach their clients late, whatever the engine's speed
+        self.unwritten_batches = Gauge(
+            "inferq_worker_unwritten_event_batches",
+            "Steps' result events handed to the publisher and not yet written to Redis.",
+            registry=r,
+        )
         self.duplicate_events = Counter(
             "inferq_worker_duplicate_events", "Result events already present (retries, resumes).", registry=r
         )

@@ -3,6 +3,7 @@ never restarted, finishes every request whose XADD returned before the restart, 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -57,13 +58,26 @@ def test_worker_rides_out_a_redis_restart(private_redis, prefix, worker_model_di
         (group,) = client.xinfo_groups(keys.requests)
         assert group["lag"] >= 4, "requests must still be queued at the restart"
         steps_before = len(tw.worker.step_log)
+        registry = tw.worker.metrics.registry
+        backlog, watching = [0.0], threading.Event()
 
+        def watch_backlog() -> None:  # the publisher's unwritten batches, sampled through the outage
+            while not watching.is_set():
+                backlog[0] = max(backlog[0], registry.get_sample_value("inferq_worker_unwritten_event_batches"))
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch_backlog, daemon=True)
+        watcher.start()
         private_redis.restart(hard=True, down_s=1.0)
 
         results = {rid: wait_complete(client, keys, [rid], timeout_s=60)[rid] for rid in requests}
+        watching.set()
+        watcher.join()
         assert tw.thread.is_alive() and tw.worker.ready.is_set()
-        registry = tw.worker.metrics.registry
         assert registry.get_sample_value("inferq_worker_redis_errors_total") > 0, "the outage went unnoticed"
+        assert backlog[0] > 0, "events waited for Redis: the backlog gauge must have shown them"
+        assert tw.worker.publisher.flush(10.0)
+        assert registry.get_sample_value("inferq_worker_unwritten_event_batches") == 0
         assert len(tw.worker.step_log) > steps_before
     expected = offline_outputs(engine, requests)
     for request_id in requests:
