@@ -46,7 +46,9 @@ from bench.online_latency import (
 )
 from bench.report import OUT_HELP, results_folder
 from bench.service_clients import SERVED_NAME
+from bench.service_processes import free_port
 from bench.service_stack import running_stack
+from bench.worker_backlog import WorkerBacklog
 
 STEM = "batch_api"
 MODEL = "Qwen3-0.6B"
@@ -154,7 +156,8 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
     prompts, outputs = _lines(vocab, shape)
     files_dir = tempfile.mkdtemp(prefix="inferq-bench-files-")
     os.environ["INFERQ_FILES_DIR"] = files_dir  # the API replicas and the batch worker share it
-    worker_flags = ["--dry-run"] if args.dry_run else []
+    metrics_port = free_port()
+    worker_flags = (["--dry-run"] if args.dry_run else []) + ["--metrics-port", str(metrics_port)]
     with running_stack(out, directory, api_replicas=API_REPLICAS, worker_flags=worker_flags, stem=STEM) as stack:
         stack.service.start("batch", [sys.executable, "-m", "batch", "--loglevel", "WARNING"],
                             {"INFERQ_REDIS_URL": stack.redis_url, "INFERQ_BATCH_IN_FLIGHT": str(args.in_flight),
@@ -166,14 +169,18 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
         capacity = load_figures(rows, start_at, None)
         rate = capacity["completed_req_s"]
         print(f"[batch] interactive capacity {rate:.1f} req/s", flush=True)
-        alone = _interactive(stack.bases, vocab, shape, rate, seed=20)
-        print(f"[batch] interactive alone: TTFT {alone['ttft_ms']}", flush=True)
+        with WorkerBacklog(metrics_port) as backlog:
+            alone = _interactive(stack.bases, vocab, shape, rate, seed=20)
+        alone["worker_backlog"] = backlog.figures()
+        print(f"[batch] interactive alone: TTFT {alone['ttft_ms']}, backlog {alone['worker_backlog']}", flush=True)
         with httpx.Client(base_url=stack.bases[0], timeout=600) as http:
             upload = http.post("/v1/files", files={"file": ("lines.jsonl", _jsonl(prompts, outputs))},
                                data={"purpose": "batch"})  # fmt: skip
             upload.raise_for_status()
             file_id = upload.json()["id"]
-            batch = _batch_alone(http, file_id, outputs, timeout_s=400)
+            with WorkerBacklog(metrics_port) as backlog:
+                batch = _batch_alone(http, file_id, outputs, timeout_s=400)
+            batch["worker_backlog"] = backlog.figures()
             print(f"[batch] batch alone: {batch}", flush=True)
             second = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
                                                     "completion_window": "24h"}).json()  # fmt: skip
@@ -181,7 +188,9 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
             width = min(args.in_flight, shape["lines"] // 4)
             running = _wait(http, second["id"], lambda b: b["request_counts"]["completed"] >= width, 120)
             before = running["request_counts"]["completed"]
-            loaded = _interactive(stack.bases, vocab, shape, rate, seed=20)  # the same arrivals as alone
+            with WorkerBacklog(metrics_port) as backlog:
+                loaded = _interactive(stack.bases, vocab, shape, rate, seed=20)  # the same arrivals as alone
+            loaded["worker_backlog"] = backlog.figures()
             after = http.get(f"/v1/batches/{second['id']}").json()
             during = {"lines_completed_during_load": after["request_counts"]["completed"] - before,
                       "status_after_load": after["status"]}  # fmt: skip
@@ -217,6 +226,13 @@ def markdown(result: dict) -> str:
         return " / ".join("-" if p[k] is None else f"{p[k]:.1f}" for k in ("p50", "p95", "p99"))
 
     ratio = "-" if ttft["ratio"] is None else f"{ttft['ratio']:.2f}x"
+
+    def backlog(phase: dict) -> str:
+        figures = phase.get("worker_backlog") or {}
+        if figures.get("peak") is None:
+            return "not sampled"
+        return f"{figures['peak']:.0f} / {figures['mean']:.1f}"
+
     return "\n".join([
         "# inferq Batch API",
         "",
@@ -245,6 +261,10 @@ def markdown(result: dict) -> str:
         "",
         f"TTFT p50 with a batch running: {ratio} of alone (goal <= {TTFT_RATIO_GOAL}x); the batch completed "
         f"{service['batch_during_load']['lines_completed_during_load']} lines meanwhile.",
+        "",
+        "The worker's unwritten event batches (inferq_worker_unwritten_event_batches, peak / mean of its /metrics "
+        f"every 0.1 s): interactive alone {backlog(alone)}; the batch alone {backlog(batch)}; interactive with a "
+        f"batch running {backlog(loaded)}.",
         "",
     ])  # fmt: skip
 

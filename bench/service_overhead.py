@@ -115,6 +115,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)  # the worker child's
     args = parser.parse_args(argv)
     if args.cold_clients and args.client != "httpx":
         parser.error("--cold-clients needs --client httpx (the socket clients always connect before the clock)")
@@ -202,7 +203,7 @@ def _worker_child(args: argparse.Namespace) -> None:
         max_num_seqs=NUM_SEQS,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         batch_window_ms=args.batch_window_ms,
-        metrics_port=0,
+        metrics_port=args.metrics_port,
     )
     worker = Worker(settings, engine)
     if args.worker_gc_threshold0 is not None:
