@@ -17,6 +17,7 @@ from batch.batch_store import BatchStore
 from batch.celery_app import make_app, send_run
 from batch.file_store import FileStore
 from batch.keys import BatchKeys
+from batch.redis_client import records_client
 from batch.settings import BatchSettings
 
 T = TypeVar("T")
@@ -32,7 +33,7 @@ class BatchServices:
 
     @classmethod
     def build(cls, settings: BatchSettings) -> BatchServices:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        redis = records_client(settings.redis_url)
         keys = BatchKeys(settings.prefix)
         return cls(
             settings=settings,

@@ -25,6 +25,7 @@ from batch.batch_store import TERMINAL, VALIDATING, BatchStore
 from batch.celery_app import VISIBILITY_TIMEOUT_S
 from batch.file_store import FileStore
 from batch.keys import BatchKeys
+from batch.redis_client import records_client
 from batch.settings import BatchSettings
 
 log = logging.getLogger("inferq.batch")
@@ -89,7 +90,7 @@ class Sweeper:
 
     def _loop(self) -> None:
         interval = self.settings.batch_sweep_interval_s
-        redis = Redis.from_url(self.settings.redis_url, decode_responses=True, health_check_interval=30)
+        redis = records_client(self.settings.redis_url)
         keys = BatchKeys(self.settings.prefix)
         lock = keys.sweep_lock
         try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
-from redis import Redis
 
 from api.settings import ApiSettings
 from batch.celery_app import RUN_BATCH
+from batch.redis_client import records_client
 from batch.runner import BatchRunner
 from batch.settings import BatchSettings
 
@@ -17,7 +17,7 @@ log = logging.getLogger("inferq.batch")
 
 def register(app: Celery, settings: BatchSettings, api_settings: ApiSettings) -> None:
     def run_batch(batch_id: str) -> str:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        redis = records_client(settings.redis_url)
         try:
             outcome = BatchRunner(redis, settings, api_settings, batch_id).run()
         finally:
