@@ -7,9 +7,10 @@ dense layers (norms, activations, projections and their fused one-token paths), 
 Model layers, the runner and the sampler call these functions. Elsewhere the engine imports from kernels/
 only helpers that launch nothing: the PDL switch (engine/llm_engine.py, engine/parallel/follower.py), the
 pinned buffers the staging kernel reads (engine/input_batch.py), the packing of sampling parameters
-(engine/sampler.py), the quantized weights' layout constants and int4 packing (engine/quantization/) and the
-CPU interpreter's setup for a tensor-parallel rank whose rank 0 runs it (engine/parallel/follower.py);
-tests/engine/test_kernel_imports.py holds the engine to that. The choice is made per call from the
+(engine/sampler.py), the masked finiteness rule in torch (engine/torch_sampling.py), the quantized weights'
+layout constants and int4 packing (engine/quantization/) and the CPU interpreter's setup for a
+tensor-parallel rank whose rank 0 runs it (engine/parallel/follower.py); tests/engine/test_kernel_imports.py
+holds the engine to that. The choice is made per call from the
 tensor's device and one process-wide setting (`set_kernel_backend`, fed from
 `EngineConfig.kernels` by the ModelRunner):
 

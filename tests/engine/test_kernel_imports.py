@@ -18,6 +18,7 @@ HELPERS = {
     ("kernels.stage_batch", "StagingBuffers"): "pinned host buffers; ops.stage_batch launches the kernel",
     ("kernels.random_sample", "pack_params"): "sampling parameters as the kernel's [5, S] tensor",
     ("kernels.random_sample", "asks_step_0"): "whether a row needs the top-k select (a host predicate)",
+    ("kernels.greedy_sample", "masked_rows_finite"): "the sampling kernels' masked finiteness rule, in torch",
     ("kernels.quant_formats", "FP8_BLOCK"): "the fp8 scale block (a constant of the layout)",
     ("kernels.quant_formats", "FP8_MAX"): "the largest e4m3 value (a constant)",
     ("kernels.quant_formats", "NF4_BLOCK"): "the nf4 absmax block (a constant of the layout)",

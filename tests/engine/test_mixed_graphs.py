@@ -144,10 +144,10 @@ def test_seeded_sampling_through_the_sampling_kernel(tiny_ckpt: Callable[[str], 
     kernel_calls, step_0_asked = [], []
     real = ops.random_sample
 
-    def spy(logits, params, rows_ask_step_0=False):
+    def spy(logits, params, rows_ask_step_0=False, masked=False):
         kernel_calls.append(ops.use_triton(logits))
         step_0_asked.append(rows_ask_step_0)
-        return real(logits, params, rows_ask_step_0)
+        return real(logits, params, rows_ask_step_0, masked)
 
     monkeypatch.setattr(ops, "random_sample", spy)
     engine = make_engine(model_dir, kernels="triton")
