@@ -89,12 +89,13 @@ class WorkerSettings(BaseSettings):
         "priority", description="'priority': lower `priority` first, then arrival order."
     )
     max_queued_seqs: int = Field(
-        256,
+        0,
         ge=0,
         description="Under the 'priority' policy, requests a worker reads beyond its free sequence slots: they wait "
         "in its engine, which orders them by priority, instead of in the request stream, where a request waits "
         "behind every earlier one whatever its priority (a Batch API batch's lines ahead of interactive "
-        "requests, decision 0062). 0 reads only what can start; 'fcfs' always does.",
+        "requests). Off by default: a worker that reads ahead takes requests other workers could start now "
+        "(decision 0062). 0 reads only what can start; 'fcfs' always does.",
     )
     speculative_method: Literal["ngram", "draft"] | None = Field(
         None,
