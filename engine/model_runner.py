@@ -9,8 +9,8 @@ buffers (engine/input_batch.py), one kernel that reads them into the device's, o
 replay or eager forward, the LM head and sampling launches (both inside the replay for a
 graphed step whose every sampling row is plain greedy, the LM head alone for small decode
 batches: engine/cuda_graphs.py),
-one kernel that writes the sampled tokens into a pinned buffer, and ONE device sync (reading
-them, in `LaunchedStep.result()`) for batches where no request asks for logprobs (greedy in
+one kernel that writes the sampled tokens into a pinned buffer (engine/sample_readback.py), and ONE device
+sync (reading them, in `LaunchedStep.result()`) for batches where no request asks for logprobs (greedy in
 one kernel, sampling with temperature, top-k/p, min-p on the device). `launch` returns before
 that sync, so the engine can stage and launch the next step while the device still runs this
 one (async scheduling, engine/llm_engine.py).
@@ -40,6 +40,7 @@ from engine.parallel.group import SINGLE, RankGroupBroken, TensorParallel, group
 from engine.parallel.step_mirror import StepHeader, StepMirror
 from engine.prompt_logprobs import PromptChunk, step_prompt_logprobs
 from engine.request import Request
+from engine.sample_readback import SampleReadback
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
 from engine.spec_verify import verify_step
@@ -115,11 +116,7 @@ class ModelRunner:
         self.timer: StepTimer | None = None  # benchmarks set one to time each step
         self._last_sampled: SampledTokens | None = None  # the last launched step's tokens, on the device
         self._last_read: Callable[[], ModelRunnerOutput] | None = None  # ... and their read on the host
-        # Two pinned buffers for sampled tokens ([2, S] packed), alternating between the two steps in flight.
-        pin = device.type == "cuda"
-        self._host_samples = torch.zeros((2, 2 * max_num_seqs), dtype=torch.int64, pin_memory=True) if pin else None
-        self._samples_ready = [torch.cuda.Event(), torch.cuda.Event()] if pin else []
-        self._next_slot = 0
+        self.readback = SampleReadback(max_num_seqs, device)
         if step_graphs != "off" and device.type == "cuda":
             self.enable_graphs(capture=step_graphs == "capture")
         elif step_graphs == "eager" and ops.get_kernel_backend() == "triton":
@@ -187,12 +184,12 @@ class ModelRunner:
         Triton cache) built them inside its first sampled steps (decision 0009).
         tests/engine/test_compiles_after_start.py serves varied steps after start and fails on any variant
         built then."""
-        if self._host_samples is None or not ops.use_triton(torch.empty(0, device=self.device)):
+        if self.readback.host is None or not ops.use_triton(torch.empty(0, device=self.device)):
             return
         hidden = torch.zeros((1, self.model.config.hidden_size), dtype=self.spec.dtype, device=self.device)
         logits = self.model.compute_logits(hidden, widen=False)  # [1, V] as a step's logits are
         for packed in self.sampler.warm_up(logits):
-            ops.write_to_host(packed, self._host_samples[0, :2].view(2, 1))
+            self.readback.warm_up(packed)
         torch.cuda.synchronize(self.device)
 
     def _prefill_metadata(self, lens: list[int]) -> tuple[AttentionMetadata, torch.Tensor]:
@@ -294,15 +291,15 @@ class ModelRunner:
             return LaunchedStep([], _with_prompt_chunks(_nothing_sampled, prompt_chunks), on_done)
         self._catch_up_grammars(requests)
         if out.tokens is not None:  # the graph sampled: [2, b], rows 0..S-1 are the requests'
-            token_ids, read = self._read_later(out.tokens, requests)
+            token_ids, read = self.readback.read_later(out.tokens, requests)
         else:
             logits = self._logits(out, step)  # [S, V] in the model's dtype
             if greedy:
                 # argmax and the finiteness check in one kernel on CUDA
-                token_ids, read = self._read_later(ops.greedy_sample(logits), requests)
+                token_ids, read = self.readback.read_later(ops.greedy_sample(logits), requests)
             elif not any(r.sampling_params.logprobs is not None for r in requests):
                 # temperature, top-k/p, min-p (one kernel on CUDA), bias, min_tokens: read a step later
-                token_ids, read = self._read_later(self.sampler.sample_packed(logits, requests), requests)
+                token_ids, read = self.readback.read_later(self.sampler.sample_packed(logits, requests), requests)
             else:
                 sampled = self.sampler(logits, requests)  # NOTE: syncs (logprobs are built on the host)
                 token_ids = torch.tensor(sampled.token_ids, dtype=torch.int64, device=self.device)
@@ -334,50 +331,10 @@ class ModelRunner:
             return _sampling_rows(out.logits, step)
         return self.model.compute_logits(_sampling_rows(out.hidden, step), widen=False)
 
-    def _read_later(
-        self, packed: torch.Tensor, requests: list[Request]
-    ) -> tuple[torch.Tensor, Callable[[], ModelRunnerOutput]]:
-        """The Sampler's result without a host sync at launch: packed [2, R] int64 (token ids, 1
-        where the row's logits were all finite; R >= S, rows past the requests' are a graph bucket's
-        padding) is written into a pinned host buffer by a kernel queued behind it, and reading it is
-        the step's one sync. Returns (token ids on the device, read)."""
-        num_rows = len(requests)
-        if self._host_samples is None:
-            host, ready = packed, None  # CPU: already on the host
-        else:
-            slot = self._next_slot
-            self._next_slot ^= 1
-            width = packed.shape[1]
-            host = self._host_samples[slot, : 2 * width].view(2, width)
-            ops.write_to_host(packed, host)  # a kernel's writes on CUDA: no copy-engine op at the step's tail
-            ready = self._samples_ready[slot]
-            ready.record()
-
-        done: list[ModelRunnerOutput] = []  # read once: a constrained step's grammars read it before the engine
-
-        def read() -> ModelRunnerOutput:
-            if done:
-                return done[0]
-            if ready is not None:
-                ready.synchronize()
-            tokens, ok = host[:, :num_rows].tolist()
-            # The host has not appended these tokens yet: each one's position is the request's length.
-            errors = [None] * num_rows
-            if not all(ok):
-                errors = [None if good else _non_finite(r) for r, good in zip(requests, ok)]
-            done.append(ModelRunnerOutput(requests, tokens, [None] * num_rows, errors))
-            return done[0]
-
-        return packed[0], read
-
 
 def _sampling_rows(rows: torch.Tensor, step: StepInputs) -> torch.Tensor:
     """The rows of a step's hidden states or logits that sample: the first S of a decode step, else logits_rows."""
     return rows[: step.num_seqs] if step.logits_rows is None else rows[step.logits_rows]
-
-
-def _non_finite(request: Request) -> str:
-    return f"non-finite logits at position {request.num_tokens}"
 
 
 def _nothing_sampled() -> ModelRunnerOutput:
