@@ -8,6 +8,7 @@ greedy continuation; rank 0 writes its logits and tokens to a file the test comp
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -51,5 +52,12 @@ def model_logits_rank(rank: int, size: int, rendezvous: str, model_dirs: list[st
             results[entry] = model_outputs(Path(model_dir), tp, quantization or None)
         if rank == 0:
             torch.save(results, out)
+        dist.barrier()  # no rank leaves the group while another still has a collective in flight
     finally:
         dist.destroy_process_group()
+    # A gloo process group whose last reference dies during interpreter finalization can abort the process
+    # ("terminate called without an active exception", seen about once a CI run): the results are written, so
+    # this rank ends here, before finalization.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
