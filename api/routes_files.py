@@ -117,6 +117,6 @@ async def file_content(request: Request, caller: AuthorizedCaller, file_id: str)
 @router.delete("/v1/files/{file_id}", responses=error_responses(401, 404))
 async def delete_file(request: Request, caller: AuthorizedCaller, file_id: str) -> dict:
     services = batch_services(request)
-    await _owned_file(services, file_id, caller)
-    await services.call(services.files.delete, file_id)
+    record = await _owned_file(services, file_id, caller)
+    await services.call(services.files.delete, file_id, record.owner)
     return {"id": file_id, "object": "file", "deleted": True}

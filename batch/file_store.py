@@ -103,8 +103,11 @@ class FileStore:
     def read(self, file_id: str) -> bytes:
         return self.path(file_id).read_bytes()
 
-    def delete(self, file_id: str) -> None:
-        owner = self.redis.hget(self.keys.file(file_id), "owner")
+    def delete(self, file_id: str, owner: str | None = None) -> None:
+        """Deletes the record, its index entries and its bytes; `owner` where the caller read the record already
+        (otherwise it is read here, for the owner's index)."""
+        if owner is None:
+            owner = self.redis.hget(self.keys.file(file_id), "owner")
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.file(file_id))
         pipe.zrem(self.keys.files, file_id)
