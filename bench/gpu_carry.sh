@@ -12,7 +12,8 @@ PACKAGES=(redis hiredis fastapi starlette uvicorn sse-starlette pydantic pydanti
           python-dotenv annotated-types annotated-doc typing-inspection typing-extensions httpx httpcore anyio
           sniffio idna certifi h11 click prometheus-client jinja2 markupsafe opentelemetry-api uvloop httptools
           celery kombu billiard vine amqp click-didyoumean click-repl click-plugins prompt-toolkit wcwidth
-          python-dateutil six tzlocal packaging python-multipart xgrammar apache-tvm-ffi)
+          python-dateutil six tzlocal packaging python-multipart xgrammar apache-tvm-ffi
+          jsonschema jsonschema-specifications referencing rpds-py attrs gguf)
 rm -rf .whl && mkdir -p .whl
 for name in "${PACKAGES[@]}"; do
     version=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/{print $2}')
@@ -21,9 +22,11 @@ for name in "${PACKAGES[@]}"; do
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux1_x86_64 --platform any -d .whl "$name==$version"
 done
-# py-spy: bench/service_overhead.py samples the worker with it when BENCH_PYSPY=1
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_5_x86_64 \
-    --platform manylinux1_x86_64 -d .whl py-spy==0.4.3
+# py-spy (~6 MB of the 64 MiB carried): bench/service_overhead.py samples the worker with it when BENCH_PYSPY=1
+if [ "${BENCH_PYSPY:-0}" = 1 ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_5_x86_64 \
+        --platform manylinux1_x86_64 -d .whl py-spy==0.4.3
+fi
 rm -rf .redisbin && mkdir -p .redisbin/lib
 cp "$(command -v redis-server)" .redisbin/
 ldd .redisbin/redis-server | awk '/=> \//{print $3}' | grep -v -E 'libc\.so|libm\.so|ld-linux|libpthread|libdl' \
