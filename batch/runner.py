@@ -7,7 +7,8 @@ Exactly once per line, across runner deaths:
 - a line's answer is recorded with HSETNX beside its count (batch/line_records.py), so no line is written
   or counted twice, and the files are written from those records at the end.
 At most `batch_in_flight` lines are in the request stream or running at once, at the wire priority
-`batch_priority`: interactive requests run first and never queue behind a whole batch.
+`batch_priority`, and a line is sent only while fewer than `batch_queue_ahead` messages wait unread in the stream
+(batch/stream_room.py): interactive requests never queue behind more than that, and run first once read.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from batch.line_results import LineAnswer, LineResults
 from batch.output_lines import BATCH_CANCELLED, BATCH_EXPIRED, error_line, response_line
 from batch.served_model import ServedModel
 from batch.settings import BatchSettings
+from batch.stream_room import StreamRoom
 from worker.protocol import DEFAULT_CANCEL_TTL_S, Keys, encode_request
 
 log = logging.getLogger("inferq.batch")
@@ -56,6 +58,7 @@ class BatchRunner:
         self.files = FileStore(redis, self.keys, settings.files_dir, settings.files_ttl_s)
         self.served = ServedModel(redis, self.wire)
         self.results = LineResults(redis)
+        self.room = StreamRoom(redis, self.wire, settings.batch_queue_ahead)
 
     def run(self) -> str:
         """Run the batch to its end, unless another runner holds it ('held') or it ended before."""
@@ -149,15 +152,21 @@ class BatchRunner:
             if time.monotonic() - refreshed > MODEL_REFRESH_S:
                 self.served.refresh()
                 refreshed = time.monotonic()
-            while pending and len(self.results.in_flight) < self.settings.batch_in_flight and self.served.info:
-                self._send(pending.popleft(), owner, endpoint, expires_at)
+            if pending and self.served.info:
+                for _ in range(self._sendable(len(pending))):
+                    self._send(pending.popleft(), owner, endpoint, expires_at)
             if not pending and not self.results.in_flight:
                 return finalize(self.store, self.lines, self.files, self.batch_id, owner, COMPLETED)
             if not self.results.in_flight:
-                time.sleep(READ_BLOCK_MS / 1000)  # no model served yet: lines wait for a worker
+                time.sleep(READ_BLOCK_MS / 1000)  # no model served yet, or a full stream: lines wait for a worker
                 continue
             for answer in self.results.read(READ_BLOCK_MS):
                 self._record(answer, cancelling)
+
+    def _sendable(self, num_pending: int) -> int:
+        """Lines to send now: within `batch_in_flight`, and only into the room the request stream has."""
+        slots = min(num_pending, self.settings.batch_in_flight - len(self.results.in_flight))
+        return min(slots, self.room.room()) if slots > 0 else 0
 
     def _send(self, item: InputLine, owner: str, endpoint: str, expires_at: int) -> None:
         kind = "chat" if endpoint == "/v1/chat/completions" else "completion"

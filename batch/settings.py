@@ -23,9 +23,12 @@ class BatchSettings(BaseSettings):
     batch_max_lines: int = Field(50_000, ge=1)
     # Files (uploaded and generated) and batch records are deleted this long after creation.
     files_ttl_s: int = Field(30 * 24 * 3600, ge=60)
-    # A batch's lines in the request stream or running at once, per batch: the queue never holds more
-    # of a batch than this ahead of interactive requests.
-    batch_in_flight: int = Field(64, ge=1, le=100_000)
+    # A batch's lines in the request stream or running at once, per batch (lines whose answers its runner
+    # follows); a few more than the workers' sequence slots keep them full.
+    batch_in_flight: int = Field(512, ge=1, le=100_000)
+    # A runner sends a line only while fewer messages than this wait unread in the request stream (any
+    # submitter's, batch/stream_room.py): no interactive request queues behind more than this many lines.
+    batch_queue_ahead: int = Field(8, ge=1, le=100_000)
     # The wire `priority` of batch lines: interactive requests (priority 0) run first under the workers'
     # `priority` scheduling policy.
     batch_priority: int = Field(1000, ge=-(2**31 - 1), le=2**31 - 1)

@@ -11,7 +11,8 @@ and the run does two), random token ids, ignore_eos, greedy, POST /v1/completion
 1. offline: bench/offline_throughput.py's engine (max_num_seqs 256), warmed, runs the LINES sequences
    (a child process, so that the GPU is free for the next phase).
 2. the service (bench/service_stack.py: redis-server, the worker over the same engine, API replicas) and one
-   Celery batch worker (`python -m batch`, INFERQ_BATCH_IN_FLIGHT lines in flight):
+   Celery batch worker (`python -m batch`, INFERQ_BATCH_IN_FLIGHT lines in flight, sent only while fewer than
+   INFERQ_BATCH_QUEUE_AHEAD messages wait unread in the request stream):
    a. capacity of the interactive shape (bench/online_latency.py's: prompts 100-300, outputs 90-270 tokens,
       CAPACITY_REQUESTS at once), then Poisson arrivals at 50% of it for --seconds: TTFT alone;
    b. the batch alone: upload, create, wait until completed; output tokens / (completed_at - create) against
@@ -55,7 +56,8 @@ MODEL = "Qwen3-0.6B"
 LINES = 10_000
 LINE_LENS = (25, 256)
 LOAD = 0.5
-IN_FLIGHT = 384  # above max_num_seqs (256): the worker always has batch lines waiting to fill a free slot
+IN_FLIGHT = 384  # above max_num_seqs (256): the stream's room (--queue-ahead), not this, bounds what waits unread
+QUEUE_AHEAD = 8  # batch/settings.py's default
 API_REPLICAS = 2
 THROUGHPUT_GOAL, TTFT_RATIO_GOAL = 0.90, 1.5
 DRY_RUN = {"lines": 48, "line_lens": (4, 12), "prompt_lens": (8, 24), "output_lens": (4, 12), "capacity": 12}
@@ -67,6 +69,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lines", type=int, default=LINES)
     parser.add_argument("--seconds", type=float, default=30.0, help="arrivals of each interactive load")
     parser.add_argument("--in-flight", type=int, default=IN_FLIGHT, help="INFERQ_BATCH_IN_FLIGHT")
+    parser.add_argument("--queue-ahead", type=int, default=QUEUE_AHEAD, help="INFERQ_BATCH_QUEUE_AHEAD")
     parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, a few short lines")
     parser.add_argument("--child", choices=("offline",), help=argparse.SUPPRESS)
@@ -161,6 +164,7 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
     with running_stack(out, directory, api_replicas=API_REPLICAS, worker_flags=worker_flags, stem=STEM) as stack:
         stack.service.start("batch", [sys.executable, "-m", "batch", "--loglevel", "WARNING"],
                             {"INFERQ_REDIS_URL": stack.redis_url, "INFERQ_BATCH_IN_FLIGHT": str(args.in_flight),
+                             "INFERQ_BATCH_QUEUE_AHEAD": str(args.queue_ahead),
                              "INFERQ_MAX_FILE_BYTES": str(1 << 30)})  # fmt: skip
         warm = requests_of(8, vocab, shape["prompt_lens"], (4, 16), seed=3)
         run_open_loop(stack.bases, [(0.0, p, n) for p, n in warm])
@@ -209,6 +213,7 @@ def _result(args, shape: dict, offline: dict, service: dict) -> dict:
         "model": args.model,
         "shape": shape,
         "in_flight": args.in_flight,
+        "queue_ahead": args.queue_ahead,
         "offline": offline,
         "service": service,
         "batch_frac_of_offline": service["batch"]["output_tok_s"] / offline["output_tok_s"],
@@ -240,7 +245,8 @@ def markdown(result: dict) -> str:
         "",
         f"{result['model']} shape, random bf16 weights. {shape['lines']:,} lines, prompt and output lengths uniform "
         f"in [{shape['line_lens'][0]}, {shape['line_lens'][1]}] (seed 0), random token ids, ignore_eos, greedy; "
-        f"one Celery batch worker with {result['in_flight']} lines in flight; the worker's priority policy "
+        f"one Celery batch worker with {result['in_flight']} lines in flight, sent while fewer than "
+        f"{result.get('queue_ahead', 'any')} messages wait unread in the stream; the worker's priority policy "
         "(batch lines at priority 1000).",
         "",
         "| path | elapsed s | output tok/s | of offline | goal |",
