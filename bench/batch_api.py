@@ -246,7 +246,8 @@ def markdown(result: dict) -> str:
         f"{result['model']} shape, random bf16 weights. {shape['lines']:,} lines, prompt and output lengths uniform "
         f"in [{shape['line_lens'][0]}, {shape['line_lens'][1]}] (seed 0), random token ids, ignore_eos, greedy; "
         f"one Celery batch worker with {result['in_flight']} lines in flight, sent while fewer than "
-        f"{result.get('queue_ahead', 'any')} messages wait unread in the stream; the worker's priority policy "
+        f"{result.get('queue_ahead', 'any')} messages wait unread in the stream, each answered as whole choices "
+        "(one event a choice); the worker's priority policy "
         "(batch lines at priority 1000).",
         "",
         "| path | elapsed s | output tok/s | of offline | goal |",

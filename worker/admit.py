@@ -208,6 +208,7 @@ class Admitter:
             started=prior.has_output,
             skip_indices=set(prior.done_indices),
             completion_tokens={i: len(t) for i, t in prior.token_ids.items()},
+            whole=message.whole,
         )
         if cancelled:
             for index in sorted(set(range(n)) - job.skip_indices):

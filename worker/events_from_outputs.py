@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from worker.event_columns import TokenEvents
 from worker.event_publisher import Batch, EventWrite
-from worker.job import Job, logprobs_to_json, prompt_logprobs_to_json
+from worker.job import HeldChoice, Job, logprobs_to_json, prompt_logprobs_to_json
+from worker.protocol import ResultEvent
 
 
 def write(job: Job, event) -> EventWrite:
@@ -20,6 +21,9 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
     error of its request in the step's outputs is dropped, as the error ends every choice. Output of a choice
     finished before a resume (skip_indices) is dropped: the engine regenerates it only because it cannot resume
     a subset of choices.
+
+    A whole job's (Job.whole) output is held until its choice ends, then written as one token event just before
+    its done event; an error drops what was held (the error ends the request, as it would after streamed tokens).
     """
     tokens = TokenEvents(consumer)
     ends: list = []  # finished outputs, for the done and error events after every token event
@@ -34,7 +38,9 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
         if job is None or index in job.skip_indices or index in job.done_indices or out.request_id in errored:
             continue
         new_tokens = out.new_token_ids
-        if new_tokens or out.new_text:
+        if job.whole:
+            _hold_or_release(tokens, job, out)
+        elif new_tokens or out.new_text:
             completion = job.completion_tokens
             completion[index] = completion.get(index, 0) + len(new_tokens)
             seq = job.next_seq
@@ -68,8 +74,51 @@ def events_for_outputs(jobs: dict[str, Job], outputs: list, consumer: str) -> tu
     return Batch(events=events, tokens=[(0, tokens)] if len(tokens) else []), finished
 
 
+def _hold_or_release(tokens: TokenEvents, job: Job, out) -> None:  # noqa: ANN001 (engine RequestOutput)
+    """A whole job's output: held with its choice's; on the choice's end (not an error), written as one event."""
+    index = out.index
+    if out.new_token_ids or out.new_text:
+        job.completion_tokens[index] = job.completion_tokens.get(index, 0) + len(out.new_token_ids)
+        held = job.held.get(index)
+        if held is None:
+            held = job.held[index] = HeldChoice()
+        held.add(
+            out.new_text,
+            list(out.new_token_ids),
+            None if out.new_logprobs is None else logprobs_to_json(out.new_logprobs),
+            None if out.prompt_logprobs is None else prompt_logprobs_to_json(out.prompt_logprobs),
+        )
+    if not out.finished:
+        return
+    held = job.held.pop(index, None)
+    if out.finish_reason == "error":
+        job.held.clear()
+    elif held is not None:
+        tokens.request_ids.append(job.request_id)
+        tokens.streams.append(job.result_stream)
+        tokens.channels.append(job.events_channel)
+        tokens.seqs.append(job.take_seq())
+        tokens.indexes.append(index)
+        tokens.texts.append("".join(held.text))
+        tokens.token_ids.append(held.token_ids)
+        tokens.logprobs.append(held.logprobs)
+        if held.prompt_logprobs is not None:
+            tokens.prompt_logprobs[len(tokens.seqs) - 1] = held.prompt_logprobs
+
+
 def abort_events(job: Job, abort_outputs: list, consumer: str) -> list[EventWrite]:
-    """A "done"/"abort" event for every choice still open (engine.abort_request's outputs give the counts)."""
+    """A "done"/"abort" event for every choice still open (engine.abort_request's outputs give the counts); a
+    whole job's held output goes out first, as a streamed one would have."""
     counts = {out.index: out.num_output_tokens for out in abort_outputs}
     open_indices = sorted(set(range(job.n)) - job.done_indices - job.skip_indices)
-    return [write(job, job.done_event(i, "abort", counts.get(i), consumer)) for i in open_indices]
+    events = []
+    for i in open_indices:
+        held = job.held.pop(i, None)
+        if held is not None:
+            event = ResultEvent(
+                seq=job.take_seq(), type="token", index=i, text="".join(held.text), token_ids=held.token_ids,
+                logprobs=held.logprobs, worker=consumer, prompt_logprobs=held.prompt_logprobs,
+            )  # fmt: skip
+            events.append(write(job, event))
+        events.append(write(job, job.done_event(i, "abort", counts.get(i), consumer)))
+    return events

@@ -25,6 +25,8 @@ class Job:
     started: the engine scheduled it (or an earlier worker already emitted output).
     skip_indices: choices already done before a resume; the engine regenerates them but their
         output is dropped.
+    whole: the message asked for whole choices (wire field `whole`): each choice's output is held here
+        (`held`) and written as one token event when the choice ends, not one a step.
     """
 
     request_id: str
@@ -40,6 +42,8 @@ class Job:
     done_indices: set[int] = field(default_factory=set)
     completion_tokens: dict[int, int] = field(default_factory=dict)
     admitted_at: float = field(default_factory=time.monotonic)
+    whole: bool = False
+    held: dict[int, HeldChoice] = field(default_factory=dict)
 
     @property
     def is_done(self) -> bool:
@@ -67,6 +71,27 @@ class Job:
         """An error ends the whole request (every choice)."""
         self.done_indices.update(range(self.n))
         return ResultEvent(seq=self.take_seq(), type="error", error=message, worker=worker)
+
+
+@dataclass(slots=True)
+class HeldChoice:
+    """A whole choice's output so far (Job.whole): its text, token ids, their logprobs (JSON, or None when not
+    asked for) and the prompt logprobs its first output carried."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+
+    def add(self, text: str, token_ids: list[int], logprobs: list | None, prompt_logprobs: list | None) -> None:
+        self.text.append(text)
+        self.token_ids += token_ids
+        if logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs += logprobs
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
 
 
 def logprobs_to_json(logprobs: list | None) -> list[dict] | None:

@@ -60,6 +60,7 @@ def test_stream_ids_are_explicit_and_parse_back():
             deadline=1_700_000_000.25,
             result_stream="custom:stream",
             created=1_700_000_000.0,
+            whole=True,
         ),
     ],
 )
@@ -115,6 +116,7 @@ def test_plain_fields_from_another_language_decode():
         ({"v": "1", "id": "a", "prompt": "x", "deadline": "soon"}, "deadline", "number"),
         ({"v": "1", "id": "a", "prompt": "x", "deadline": "nan"}, "deadline", "finite"),
         ({"v": "1", "id": "a", "prompt": "x", "result_stream": ""}, "result_stream", "1 to"),
+        ({"v": "1", "id": "a", "prompt": "x", "whole": "yes"}, "whole", "must be 1 or 0"),
     ],
 )
 def test_bad_requests_name_the_field(fields, field_name, fragment):

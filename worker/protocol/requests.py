@@ -41,7 +41,8 @@ class RequestMessage:
     `params` holds SamplingParams fields as plain JSON values (logit_bias keys become ints), each
     within worker/protocol/sampling_limits.py. `result_stream` may be left out: the result stream
     is always `Keys.result(id)`, and a worker dead-letters a message that names any other. `tools` (OpenAI
-    tool objects) go to the chat template with `messages` (a prompt ignores them).
+    tool objects) go to the chat template with `messages` (a prompt ignores them). `whole`: each choice's output
+    comes as one token event when the choice ends, for a submitter that reads only whole answers.
     """
 
     id: str
@@ -54,6 +55,7 @@ class RequestMessage:
     result_stream: str | None = None
     created: float | None = None
     tools: list[dict[str, Any]] | None = None
+    whole: bool = False
 
     def result_stream_for(self, keys: Keys) -> str:
         """The request's result stream: derived from its id, whatever the message names."""
@@ -217,6 +219,8 @@ def encode_request(message: RequestMessage) -> dict[str, str]:
         fields["created"] = repr(float(message.created))
     if message.tools is not None:
         fields["tools"] = json.dumps(message.tools, ensure_ascii=False)
+    if message.whole:
+        fields["whole"] = "1"
     return fields
 
 
@@ -254,6 +258,10 @@ def decode_request(fields: Mapping[Any, Any]) -> RequestMessage:
         message.created = _finite_float("created", raw["created"])
     if "tools" in raw:
         message.tools = check_tools(_load_json("tools", raw["tools"]))
+    if "whole" in raw:
+        if raw["whole"] not in ("0", "1"):
+            raise ProtocolError("whole", f"must be 1 or 0, got {raw['whole'][:40]!r}")
+        message.whole = raw["whole"] == "1"
     _validate_request(message)
     return message
 
