@@ -42,6 +42,9 @@ from worker.protocol import DEFAULT_CANCEL_TTL_S, Keys, encode_request
 log = logging.getLogger("inferq.batch")
 
 READ_BLOCK_MS = 200
+# While lines wait to be sent, a read waits this long at most: lines answer as whole choices (one event each),
+# so no token event wakes the runner when the workers empty the stream, and the stream's room is looked at again.
+FEED_BLOCK_MS = 10
 MODEL_REFRESH_S = 1.0
 
 
@@ -158,9 +161,10 @@ class BatchRunner:
             if not pending and not self.results.in_flight:
                 return finalize(self.store, self.lines, self.files, self.batch_id, owner, COMPLETED)
             if not self.results.in_flight:
-                time.sleep(READ_BLOCK_MS / 1000)  # no model served yet, or a full stream: lines wait for a worker
+                time.sleep((FEED_BLOCK_MS if self.served.info else READ_BLOCK_MS) / 1000)  # a full stream, or no model
                 continue
-            for answer in self.results.read(READ_BLOCK_MS):
+            feeding = pending and len(self.results.in_flight) < self.settings.batch_in_flight
+            for answer in self.results.read(FEED_BLOCK_MS if feeding else READ_BLOCK_MS):
                 self._record(answer, cancelling)
 
     def _sendable(self, num_pending: int) -> int:
