@@ -22,6 +22,8 @@ from worker.protocol import Keys
 
 
 class StreamRoom:
+    """`redis` decodes responses (batch/redis_client.py's records_client)."""
+
     def __init__(self, redis: Redis, wire: Keys, queue_ahead: int) -> None:
         self.redis = redis
         self.wire = wire
@@ -40,12 +42,8 @@ class StreamRoom:
                 return 0
             raise  # NOPERM among others: a runner that cannot see the stream must say so, not flood it
         for group in groups:
-            if _text(group["name"]) != self.wire.group:
+            if group["name"] != self.wire.group:
                 continue
             lag = group.get("lag")
             return 0 if lag is None else int(lag)
         return int(self.redis.xlen(self.wire.requests))
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

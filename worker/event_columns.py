@@ -42,6 +42,20 @@ class TokenEvents:
     def __len__(self) -> int:
         return len(self.seqs)
 
+    def add(self, request_id: str, stream: str, channel: str, seq: int, index: int, text: str,
+            token_ids: list[int], logprobs: Any, prompt_logprobs: Any = None) -> None:  # fmt: skip
+        """One event, for the few callers off the per-step loop (worker/events_from_outputs.py appends inline)."""
+        self.request_ids.append(request_id)
+        self.streams.append(stream)
+        self.channels.append(channel)
+        self.seqs.append(seq)
+        self.indexes.append(index)
+        self.texts.append(text)
+        self.token_ids.append(token_ids)
+        self.logprobs.append(logprobs)
+        if prompt_logprobs is not None:
+            self.prompt_logprobs[len(self.seqs) - 1] = prompt_logprobs
+
     def as_tuple(self) -> tuple:
         """The columns as a plain tuple (what crosses the publisher's pipe); `from_tuple` reverses it."""
         return (self.worker, self.request_ids, self.streams, self.channels, self.seqs, self.indexes, self.texts,

@@ -94,16 +94,8 @@ def _hold_or_release(tokens: TokenEvents, job: Job, out) -> None:  # noqa: ANN00
     if out.finish_reason == "error":
         job.held.clear()
     elif held is not None:
-        tokens.request_ids.append(job.request_id)
-        tokens.streams.append(job.result_stream)
-        tokens.channels.append(job.events_channel)
-        tokens.seqs.append(job.take_seq())
-        tokens.indexes.append(index)
-        tokens.texts.append("".join(held.text))
-        tokens.token_ids.append(held.token_ids)
-        tokens.logprobs.append(held.logprobs)
-        if held.prompt_logprobs is not None:
-            tokens.prompt_logprobs[len(tokens.seqs) - 1] = held.prompt_logprobs
+        tokens.add(job.request_id, job.result_stream, job.events_channel, job.take_seq(), index, "".join(held.text),
+                   held.token_ids, held.logprobs, held.prompt_logprobs)  # fmt: skip
 
 
 def abort_events(job: Job, abort_outputs: list, consumer: str) -> list[EventWrite]:

@@ -22,6 +22,22 @@ def worker_model_dir(tiny_llama_dir: Path) -> Path:
     return tiny_llama_dir
 
 
+@pytest.fixture
+def engine(request, worker_model_dir):
+    """The CPU engine of the in-process worker tests (a module may define its own); tests parametrized with
+    indirect=True pick async scheduling (the GPU default)."""
+    from engine import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
+
+    config = EngineConfig(
+        model=ModelConfig(str(worker_model_dir), dtype="float32", max_model_len=256),
+        cache=CacheConfig(num_kv_tokens=4096),
+        scheduler=SchedulerConfig(max_num_seqs=32, policy="priority"),
+        device="cpu",
+        async_scheduling=getattr(request, "param", False),
+    )
+    return LLMEngine(config)
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:
     """Tiny models on a shared 2-core box run ~10x faster on one thread (no OpenMP spin contention),

@@ -31,19 +31,6 @@ PARAMS = {
 }
 
 
-@pytest.fixture
-def engine(worker_model_dir):
-    from engine import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
-
-    config = EngineConfig(
-        model=ModelConfig(str(worker_model_dir), dtype="float32", max_model_len=256),
-        cache=CacheConfig(num_kv_tokens=4096),
-        scheduler=SchedulerConfig(max_num_seqs=32, policy="priority"),
-        device="cpu",
-    )
-    return LLMEngine(config)
-
-
 def _choices(events) -> dict[int, list]:
     by_index: dict[int, list] = {}
     for event in events:

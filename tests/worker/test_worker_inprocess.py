@@ -28,21 +28,6 @@ from worker.protocol import Keys, WorkerHeartbeat
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def engine(request, worker_model_dir):
-    """The CPU engine; tests parametrized with indirect=True pick async scheduling (the GPU default)."""
-    from engine import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
-
-    config = EngineConfig(
-        model=ModelConfig(str(worker_model_dir), dtype="float32", max_model_len=256),
-        cache=CacheConfig(num_kv_tokens=4096),
-        scheduler=SchedulerConfig(max_num_seqs=32, policy="priority"),
-        device="cpu",
-        async_scheduling=getattr(request, "param", False),
-    )
-    return LLMEngine(config)
-
-
 both_schedulings = pytest.mark.parametrize("engine", [False, True], ids=["sync", "async"], indirect=True)
 
 
