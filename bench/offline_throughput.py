@@ -69,9 +69,10 @@ def workload(
     return prompts, prompt_lens, output_lens
 
 
-def build_engine(directory: Path, device, dry_run: bool):
+def build_engine(directory: Path, device, dry_run: bool, policy: str = "fcfs", max_background_seqs: int | None = None):
     """The workload's engine; its start-up objects frozen for the garbage collector as in
-    `python -m worker` (free_device_memory unfreezes them)."""
+    `python -m worker` (free_device_memory unfreezes them). policy and max_background_seqs: the scheduler's, as a
+    worker's settings give them (the offline workload has one priority, so fcfs)."""
     from bench.engine_common import async_scheduling_setting, freeze_long_lived_objects
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from engine.llm_engine import LLMEngine
@@ -86,7 +87,8 @@ def build_engine(directory: Path, device, dry_run: bool):
                 quantization=QUANTIZATION,
             ),
             cache=CacheConfig(num_kv_tokens=8192 if dry_run else None, gpu_memory_utilization=0.9),
-            scheduler=SchedulerConfig(max_num_seqs=NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
+            scheduler=SchedulerConfig(max_num_seqs=NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                                      policy=policy, max_background_seqs=max_background_seqs),  # fmt: skip
             device=device.type,
             async_scheduling=async_scheduling_setting(),
         )

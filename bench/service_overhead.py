@@ -193,8 +193,6 @@ def _worker_child(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = torch.device("cpu" if args.dry_run else "cuda")
-    engine = build_engine(Path(args.model_dir), device, args.dry_run)
-    _warm_engine(engine)
     settings = WorkerSettings(
         redis_url=args.redis_url,
         model=args.model_dir,
@@ -205,6 +203,10 @@ def _worker_child(args: argparse.Namespace) -> None:
         batch_window_ms=args.batch_window_ms,
         metrics_port=args.metrics_port,
     )
+    # the scheduler the worker's settings ask for (priority, the background cap), as `python -m worker` builds it
+    engine = build_engine(Path(args.model_dir), device, args.dry_run, settings.scheduling_policy,
+                          settings.max_background_seqs)  # fmt: skip
+    _warm_engine(engine)
     worker = Worker(settings, engine)
     if args.worker_gc_threshold0 is not None:
         import gc

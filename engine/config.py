@@ -95,11 +95,15 @@ class SchedulerConfig:
         max_num_seqs: most requests running at once (also the largest decode batch).
         max_num_batched_tokens: token budget of one step; longer prompts are chunked.
         policy: "fcfs" or "priority" (lower integer runs first, then arrival order).
+        max_background_seqs: under "priority", the most requests of priority above 0 (background work: a batch's
+            lines) that start or keep running while a request of priority 0 or below runs; None: no limit.
+            Background work alone uses every slot (decision 0066).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     policy: str = "fcfs"
+    max_background_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -108,6 +112,8 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.max_background_seqs is not None and self.max_background_seqs < 0:
+            raise ValueError(f"max_background_seqs must be >= 0 or None, got {self.max_background_seqs}")
 
 
 SPECULATIVE_METHODS = ("ngram", "draft")  # engine/proposers.py, engine/draft_proposer.py

@@ -209,6 +209,7 @@ class Admitter:
             skip_indices=set(prior.done_indices),
             completion_tokens={i: len(t) for i, t in prior.token_ids.items()},
             whole=message.whole,
+            priority=message.priority,
         )
         if cancelled:
             for index in sorted(set(range(n)) - job.skip_indices):

@@ -27,6 +27,8 @@ class Job:
         output is dropped.
     whole: the message asked for whole choices (wire field `whole`): each choice's output is held here
         (`held`) and written as one token event when the choice ends, not one a step.
+    priority: the message's priority (lower runs first); above 0 the job is background work that a request of
+        higher priority may preempt (worker/message_intake.py reads ahead for it).
     """
 
     request_id: str
@@ -44,6 +46,7 @@ class Job:
     admitted_at: float = field(default_factory=time.monotonic)
     whole: bool = False
     held: dict[int, HeldChoice] = field(default_factory=dict)
+    priority: int = 0
 
     @property
     def is_done(self) -> bool:

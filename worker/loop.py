@@ -66,6 +66,14 @@ class Worker:
 
             engine = LLMEngine(settings.engine_config())
         engine.constrained.timeout_s = settings.grammar_compile_timeout_s  # read when the compiler is built
+        scheduling = engine.config.scheduler
+        if (scheduling.policy, scheduling.max_background_seqs) != (settings.scheduling_policy,
+                                                                    settings.max_background_seqs):  # fmt: skip
+            # an engine built elsewhere (tests, benchmarks) schedules by its own config: say so, since the intake
+            # reads by the settings' policy and the two disagreeing is easy to miss in a measurement
+            logger.warning("the engine schedules by policy %r, background cap %s; the worker's settings ask for %r, %s",
+                           scheduling.policy, scheduling.max_background_seqs, settings.scheduling_policy,
+                           settings.max_background_seqs)  # fmt: skip
         self.engine = engine
         socket_timeout = max(5.0, 2 * settings.idle_block_ms / 1000)
         self.client = make_client(settings.redis_url, socket_timeout=socket_timeout)
@@ -96,7 +104,7 @@ class Worker:
         self.intake = MessageIntake(settings, engine, self.jobs, reader, DeferredReplies(self.client), admitter,
                                     self.held, self.cancels, self.publisher, self.metrics)  # fmt: skip
         self.status = WorkerStatus(engine, self.metrics, self.consumer, settings.model_name,
-                                   lambda: len(self.intake.window))  # fmt: skip
+                                   lambda: len(self.intake.window), settings.max_num_seqs)  # fmt: skip
         self.step_log = self.status.step_log  # tests read the recent steps
         self.heartbeat = Heartbeat(
             self.client,

@@ -82,7 +82,8 @@ class MessageIntake:
         self._sent: StepReadsSent | None = None
         # requests read beyond the free slots wait in the engine, ordered by priority; under fcfs they would gain
         # nothing there and only keep messages from other workers
-        queued = settings.max_queued_seqs if settings.scheduling_policy == "priority" else 0
+        self.by_priority = settings.scheduling_policy == "priority"
+        queued = settings.max_queued_seqs if self.by_priority else 0
         self.max_held = settings.max_num_seqs + queued
 
     # ---- the reads that ride a step ----------------------------------------------------------------------------
@@ -123,8 +124,16 @@ class MessageIntake:
 
     # ---- reading into the window ----------------------------------------------------------------------------------
     def num_readable(self) -> int:
-        """Messages the worker may still read: free sequence slots, plus the queue the engine orders by priority."""
-        return self.max_held - len(self.jobs) - len(self.window)
+        """Messages the worker may still read. Its slots (plus the queue the engine orders by priority) bound what it
+        holds of priority 0 or below. Under the priority policy its background jobs (priority above 0: a batch's
+        lines) do not count against them, so a worker full of batch lines still reads the interactive request
+        behind a few more of them at the next step, and that request takes a line's slot (decision 0066).
+        Background work is bounded by its sender (batch/stream_room.py) and here by as many again as the slots."""
+        held = len(self.jobs) + len(self.window)
+        if not self.by_priority:
+            return self.max_held - held
+        background = sum(1 for job in self.jobs.values() if job.priority > 0)
+        return min(self.max_held - (held - background), 2 * self.max_held - held)
 
     def has_kv_room(self, free_kv_tokens: int) -> bool:
         """Read only while the KV pool has room beyond the prompts already waiting for it, so

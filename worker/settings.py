@@ -97,6 +97,14 @@ class WorkerSettings(BaseSettings):
         "requests). Off by default: a worker that reads ahead takes requests other workers could start now "
         "(decision 0062). 0 reads only what can start; 'fcfs' always does.",
     )
+    max_background_seqs: int = Field(
+        32,
+        ge=0,
+        description="Under the 'priority' policy, the most requests of priority above 0 (a Batch API batch's lines) "
+        "started beside requests of priority 0 or below: a full-width batch makes every step, and so interactive "
+        "TTFT and ITL, several times longer. A batch alone uses every slot; max_num_seqs lifts the limit "
+        "(decision 0066).",
+    )
     speculative_method: Literal["ngram", "draft"] | None = Field(
         None,
         description="Speculative decoding: 'ngram' proposes the tokens that followed the newest n-gram's latest "
@@ -213,6 +221,7 @@ class WorkerSettings(BaseSettings):
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 policy=self.scheduling_policy,
+                max_background_seqs=self.max_background_seqs,
             ),
             device=self.device,
             kernels=self.kernels,

@@ -19,13 +19,21 @@ class WorkerStatus:
     metrics: its Prometheus metrics.
     consumer, model_name: how the heartbeat names the worker and its model.
     num_windowed: messages read but not yet admitted (the batch window): waiting, for the heartbeat.
+    slots: the worker's sequence slots (max_num_seqs), for the heartbeat.
     """
 
     def __init__(
-        self, engine, metrics: WorkerMetrics, consumer: str, model_name: str, num_windowed: Callable[[], int]
-    ) -> None:  # noqa: ANN001
+        self,
+        engine,  # noqa: ANN001
+        metrics: WorkerMetrics,
+        consumer: str,
+        model_name: str,
+        num_windowed: Callable[[], int],
+        slots: int,
+    ) -> None:
         self.engine, self.metrics = engine, metrics
         self.consumer, self.model_name, self.num_windowed = consumer, model_name, num_windowed
+        self.slots = slots
         self.started = time.time()
         self.step_log: deque[StepLog] = deque(maxlen=STEP_LOG_SIZE)
         self.stats = engine.stats()
@@ -71,4 +79,5 @@ class WorkerStatus:
             running=stats.num_running,
             waiting=stats.num_waiting + self.num_windowed(),
             free_kv_tokens=stats.num_free_kv_tokens,
+            slots=self.slots,
         )

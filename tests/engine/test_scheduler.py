@@ -246,3 +246,51 @@ def test_a_higher_priority_takes_the_blocks_of_a_lower_one_when_the_pool_is_full
     assert out.preempted_request_ids == ["low"]
     assert [x.request.request_id for x in out.scheduled] == ["high"]
     assert list(s.waiting) == [low]
+
+
+def test_beside_an_interactive_request_background_work_starts_only_up_to_its_cap():
+    """max_background_seqs 2 of 8 slots (decision 0066): a batch alone fills every slot; once an interactive
+    request (priority 0) runs, lines that end are not replaced until at most 2 run; when it ends they fill
+    the slots again. Running lines are never preempted for the cap."""
+    s = Scheduler(
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, policy="priority", max_background_seqs=2),
+        BlockManager(256, BS),
+    )
+    lines = [make(f"line{i}", 4, priority=1000, arrival=float(i)) for i in range(12)]
+    for line in lines[:4]:
+        s.add_request(line)
+    run_step(s)
+    assert len(s.running) == 4  # alone, past the cap
+    chat = make("chat", 4, priority=0, arrival=20.0)
+    s.add_request(chat)
+    for line in lines[4:]:
+        s.add_request(line)
+    out = run_step(s)
+    assert not out.preempted_request_ids  # a free slot: nothing to preempt, and the cap preempts nothing
+    assert out.new_request_ids == ["chat"]  # the waiting lines stay waiting: 4 already run beside it
+    assert [r.request_id for r in s.running] == ["line0", "line1", "line2", "line3", "chat"]
+    for line in lines[:3]:  # three lines end: 1 left, under the cap, so one more starts
+        s.finish_request(line, FinishReason.STOP)
+    out = run_step(s)
+    assert out.new_request_ids == ["line4"]
+    assert sum(r.priority > 0 for r in s.running) == 2
+    out = run_step(s)
+    assert out.new_request_ids == []
+    s.finish_request(chat, FinishReason.STOP)  # alone again: the lines take every slot
+    out = run_step(s)
+    assert out.new_request_ids == [f"line{i}" for i in range(5, 11)]
+    assert len(s.running) == 8
+
+
+def test_without_a_cap_or_under_fcfs_background_work_fills_the_slots_beside_interactive_requests():
+    for policy, cap in (("priority", None), ("fcfs", 2)):
+        s = Scheduler(
+            SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, policy=policy, max_background_seqs=cap),
+            BlockManager(256, BS),
+        )
+        s.add_request(make("chat", 4, priority=0, arrival=0.0))
+        run_step(s)
+        for i in range(7):
+            s.add_request(make(f"line{i}", 4, priority=1000, arrival=1.0 + i))
+        out = run_step(s)
+        assert len(out.new_request_ids) == 7 and len(s.running) == 8, policy

@@ -349,6 +349,7 @@ def test_intake_stops_reading_while_the_kv_pool_is_full(redis_server, prefix, wo
         beat = WorkerHeartbeat.from_json(client.get(keys.worker(worker.consumer)))
         assert beat.running == 1 and beat.free_kv_tokens == small.stats().num_free_kv_tokens
         assert beat.max_model_len == 256 and beat.consumer == worker.consumer
+        assert beat.slots == worker.settings.max_num_seqs  # what a Batch API runner sums (batch/worker_slots.py)
         deadline = time.monotonic() + 30
         while not any(e.type == "done" for _, e in read_events(client, keys, "small")):
             assert time.monotonic() < deadline

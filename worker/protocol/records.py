@@ -41,6 +41,9 @@ class WorkerHeartbeat:
     running: int
     waiting: int
     free_kv_tokens: int
+    # Its sequence slots (max_num_seqs): a Batch API runner sums them over the live workers to keep a batch
+    # within what they can run (batch/stream_room.py). 0 in a record from a worker that predates the field.
+    slots: int = 0
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
