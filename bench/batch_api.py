@@ -13,7 +13,7 @@ and the run does two), random token ids, ignore_eos, greedy, POST /v1/completion
 2. the service (bench/service_stack.py: redis-server, the worker over the same engine, API replicas) and one
    Celery batch worker (`python -m batch`, INFERQ_BATCH_IN_FLIGHT lines in flight, sent only while fewer than
    INFERQ_BATCH_QUEUE_AHEAD messages wait unread in the request stream and the unfinished ones stay below the
-   worker's slots plus that many: batch/stream_room.py):
+   worker's slots plus that many or a quarter of them: batch/stream_room.py):
    a. capacity of the interactive shape (bench/online_latency.py's: prompts 100-300, outputs 90-270 tokens,
       CAPACITY_REQUESTS at once), then Poisson arrivals at 50% of it for --seconds: TTFT alone;
    b. the batch alone: upload, create, wait until completed; output tokens / (completed_at - create) against
@@ -248,8 +248,9 @@ def markdown(result: dict) -> str:
         f"in [{shape['line_lens'][0]}, {shape['line_lens'][1]}] (seed 0), random token ids, ignore_eos, greedy; "
         f"one Celery batch worker with {result['in_flight']} lines in flight, sent while fewer than "
         f"{result.get('queue_ahead', 'any')} messages wait unread in the stream and the unfinished ones stay below "
-        "the worker's slots plus that many, each answered as whole choices (one event a choice); the worker's "
-        "priority policy (batch lines at priority 1000; a worker full of them reads past its slots).",
+        "the worker's slots plus that many or a quarter of them, each answered as whole choices (one event a "
+        "choice); the worker's priority policy (batch lines at priority 1000, read past its slots, at most "
+        "INFERQ_MAX_BACKGROUND_SEQS of them started beside interactive requests).",
         "",
         "| path | elapsed s | output tok/s | of offline | goal |",
         "|---|---|---|---|---|",
