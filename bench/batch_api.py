@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.offline_throughput import workload
+from bench.offline_throughput import NUM_SEQS, workload
 from bench.online_clients import run_open_loop
 from bench.online_latency import (
     CAPACITY_REQUESTS,
@@ -239,6 +239,12 @@ def markdown(result: dict) -> str:
             return "not sampled"
         return f"{figures['peak']:.0f} / {figures['mean']:.1f}"
 
+    def engine(phase: dict) -> str:
+        figures = phase.get("worker_backlog") or {}
+        if figures.get("running_mean") is None:
+            return "not sampled"
+        return f"{figures['running_mean']:.0f} / {figures['waiting_mean'] or 0:.0f}"
+
     return "\n".join([
         "# inferq Batch API",
         "",
@@ -274,6 +280,10 @@ def markdown(result: dict) -> str:
         "The worker's unwritten event batches (inferq_worker_unwritten_event_batches, peak / mean of its /metrics "
         f"every 0.1 s): interactive alone {backlog(alone)}; the batch alone {backlog(batch)}; interactive with a "
         f"batch running {backlog(loaded)}.",
+        "",
+        f"The worker's engine, running / waiting requests (means of the same scrapes; {NUM_SEQS} slots): "
+        "interactive alone "
+        f"{engine(alone)}; the batch alone {engine(batch)}; interactive with a batch running {engine(loaded)}.",
         "",
     ])  # fmt: skip
 
