@@ -328,13 +328,18 @@ class InputBatch:
         waiting: list[tuple[int, Request]],
     ) -> tuple[list[int], list[int], list[int], list[int]]:
         """Any mix of prefill chunks and decodes, padded to `padded` (tokens, sequences); returns
-        (seq_lens, query_lens, logits rows, sampling items) and appends pending tokens to `waiting`."""
+        (seq_lens, query_lens, logits rows, sampling items) and appends pending tokens to `waiting`.
+
+        NOTE: the loop gathers Python lists only; positions, slots and offsets are then computed for all
+        tokens at once. A mixed step at a full batch is mostly decodes (a batch's new lines join running
+        ones at every step), and per-item numpy work made this the engine's largest host cost there."""
         bs = self.block_size
         np64, np32 = self._np64, self._np32
         num_seqs = len(scheduled)
         pad_tokens, pad_seqs = padded
         a, sa = _align(pad_tokens), _align(pad_seqs + 1)
         t = 0
+        ids: list[int] = []
         seq_lens, query_lens, rows, sampling = [], [], [], []
         for i, item in enumerate(scheduled):
             start, n = item.num_computed_tokens, item.num_new_tokens
@@ -342,28 +347,36 @@ class InputBatch:
             tokens = item.request.all_token_ids
             proposed = item.proposed_token_ids
             if proposed:  # speculative decoding: the request's last tokens, then the proposal (none is pending)
-                np64[t : t + n] = tokens[start:] + proposed
+                ids += tokens[start:]
+                ids += proposed
             elif end <= len(tokens):
-                np64[t : t + n] = tokens[start:end]
+                if n == 1:
+                    ids.append(tokens[start])
+                else:
+                    ids += tokens[start:end]
             else:  # only the newest token can be pending
-                np64[t : t + n - 1] = tokens[start : end - 1]
-                np64[t + n - 1] = 0
+                ids += tokens[start : end - 1]
+                ids.append(0)
                 waiting.append((t + n - 1, item.request))
-            pos = self._arange[start:end]
-            np64[a + t : a + t + n] = pos
-            np64[2 * a + t : 2 * a + t + n] = self._host_tables[i, pos // bs] * bs + pos % bs
             t += n
             seq_lens.append(end)
             query_lens.append(n)
-            np32[sa + i + 1] = t
             if proposed:  # every proposed position is verified: k + 1 sampling rows
                 rows.extend(range(t - len(proposed) - 1, t))
                 sampling.extend([i] * (len(proposed) + 1))
             elif item.samples:
                 rows.append(t - 1)
                 sampling.append(i)
+        np64[:t] = ids
+        lens = np.array(query_lens, dtype=np.int64)
+        ends = np.cumsum(lens)
+        # token j of item i sits at position start_i + (j - first token of i) = j + (end_i - ends_i)
+        pos = self._arange[:t] + np.repeat(np.array(seq_lens, dtype=np.int64) - ends, lens)
+        np64[a : a + t] = pos
+        np64[2 * a : 2 * a + t] = self._host_tables[np.repeat(self._arange[:num_seqs], lens), pos // bs] * bs + pos % bs
         np32[:num_seqs] = seq_lens
         np32[sa] = 0
+        np32[sa + 1 : sa + 1 + num_seqs] = ends
         if pad_tokens > t:
             np64[t:pad_tokens] = 0
             np64[a + t : a + pad_tokens] = 0
