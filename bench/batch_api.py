@@ -48,7 +48,7 @@ from bench.online_latency import (
 )
 from bench.report import OUT_HELP, results_folder
 from bench.service_clients import SERVED_NAME
-from bench.service_processes import free_port
+from bench.service_processes import free_port, start_profiler, stop_profiler
 from bench.service_stack import running_stack
 from bench.worker_backlog import WorkerBacklog
 
@@ -69,10 +69,21 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--lines", type=int, default=LINES)
     parser.add_argument("--seconds", type=float, default=30.0, help="arrivals of each interactive load")
+    parser.add_argument(
+        "--line-lens",
+        type=int,
+        nargs=2,
+        default=LINE_LENS,
+        metavar=("LO", "HI"),
+        help="the lines' prompt and output lengths (the offline workload's own: 100 1024)",
+    )
     parser.add_argument("--in-flight", type=int, default=IN_FLIGHT, help="INFERQ_BATCH_IN_FLIGHT")
     parser.add_argument("--queue-ahead", type=int, default=QUEUE_AHEAD, help="INFERQ_BATCH_QUEUE_AHEAD")
     parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, a few short lines")
+    parser.add_argument("--batch-only", action="store_true",
+                        help="the offline engine and the batch alone only (no interactive loads): a quicker look at "
+                        "the batch's rate, written as batch_api_batch_only.json")  # fmt: skip
     parser.add_argument("--child", choices=("offline",), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -82,8 +93,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
 def _shape(args) -> dict:
     if args.dry_run:
         return dict(DRY_RUN, seconds=3.0)
-    return {"lines": args.lines, "line_lens": LINE_LENS, "prompt_lens": PROMPT_LENS, "output_lens": OUTPUT_LENS,
-            "capacity": CAPACITY_REQUESTS, "seconds": args.seconds}  # fmt: skip
+    return {"lines": args.lines, "line_lens": tuple(args.line_lens), "prompt_lens": PROMPT_LENS,
+            "output_lens": OUTPUT_LENS, "capacity": CAPACITY_REQUESTS, "seconds": args.seconds}  # fmt: skip
 
 
 def _lines(vocab: int, shape: dict) -> tuple[list[list[int]], list[int]]:
@@ -137,6 +148,13 @@ def _interactive(bases: list[str], vocab: int, shape: dict, rate: float, seed: i
     return load_figures(rows, start_at, LOAD * rate)
 
 
+def _upload(http: httpx.Client, prompts: list[list[int]], outputs: list[int]) -> str:
+    upload = http.post("/v1/files", files={"file": ("lines.jsonl", _jsonl(prompts, outputs))},
+                       data={"purpose": "batch"})  # fmt: skip
+    upload.raise_for_status()
+    return upload.json()["id"]
+
+
 def _batch_alone(http: httpx.Client, file_id: str, outputs: list[int], timeout_s: float) -> dict:
     started = time.time()
     batch = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
@@ -169,6 +187,17 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
                              "INFERQ_MAX_FILE_BYTES": str(1 << 30)})  # fmt: skip
         warm = requests_of(8, vocab, shape["prompt_lens"], (4, 16), seed=3)
         run_open_loop(stack.bases, [(0.0, p, n) for p, n in warm])
+        if args.batch_only:
+            with httpx.Client(base_url=stack.bases[0], timeout=600) as http:
+                file_id = _upload(http, prompts, outputs)
+                profiler = start_profiler(stack.worker.pid, out)  # BENCH_PYSPY=1: the worker's stacks
+                with WorkerBacklog(metrics_port) as backlog:
+                    batch = _batch_alone(http, file_id, outputs, timeout_s=400)
+                stop_profiler(profiler)
+            batch["worker_backlog"] = backlog.figures()
+            print(f"[batch] batch alone: {batch}", flush=True)
+            stack.service.check()
+            return {"batch": batch}
         burst = requests_of(shape["capacity"], vocab, shape["prompt_lens"], shape["output_lens"], seed=10)
         rows, start_at = run_open_loop(stack.bases, [(0.0, p, n) for p, n in burst])
         capacity = load_figures(rows, start_at, None)
@@ -179,10 +208,7 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
         alone["worker_backlog"] = backlog.figures()
         print(f"[batch] interactive alone: TTFT {alone['ttft_ms']}, backlog {alone['worker_backlog']}", flush=True)
         with httpx.Client(base_url=stack.bases[0], timeout=600) as http:
-            upload = http.post("/v1/files", files={"file": ("lines.jsonl", _jsonl(prompts, outputs))},
-                               data={"purpose": "batch"})  # fmt: skip
-            upload.raise_for_status()
-            file_id = upload.json()["id"]
+            file_id = _upload(http, prompts, outputs)
             with WorkerBacklog(metrics_port) as backlog:
                 batch = _batch_alone(http, file_id, outputs, timeout_s=400)
             batch["worker_backlog"] = backlog.figures()
@@ -299,7 +325,8 @@ def main(argv=None) -> dict | None:
     directory = model_dir(args.model, tiny=args.dry_run)
     shape = _shape(args)
     result_path = out / f"{STEM}_offline_tmp.json"
-    flags = (["--dry-run"] if args.dry_run else []) + ["--lines", str(args.lines)]
+    flags = ["--dry-run"] if args.dry_run else []
+    flags += ["--lines", str(args.lines), "--line-lens", *map(str, args.line_lens)]
     if args.dry_run:
         args.in_flight = min(args.in_flight, 8)
     print("[batch] phase 1: offline engine", flush=True)
@@ -310,6 +337,18 @@ def main(argv=None) -> dict | None:
     print(f"[batch] offline: {offline['output_tok_s']:,.0f} output tok/s", flush=True)
     print("[batch] phase 2: the service", flush=True)
     service = _measure_service(args, directory, out, shape)
+    if args.batch_only:
+        batch = service["batch"]
+        results = {"meta": offline.pop("meta"), "model": args.model, "shape": shape, "in_flight": args.in_flight,
+                   "queue_ahead": args.queue_ahead, "offline": offline, "service": service,
+                   "batch_frac_of_offline": batch["output_tok_s"] / offline["output_tok_s"]}  # fmt: skip
+        (out / f"{STEM}_batch_only.json").write_text(json.dumps(results, indent=2))
+        print(
+            f"[batch] batch alone {batch['output_tok_s']:,.0f} tok/s = {results['batch_frac_of_offline']:.3f} of "
+            f"offline; engine running / waiting {batch['worker_backlog']}",
+            flush=True,
+        )
+        return results
     results = _result(args, shape, offline, service)
     write_results(out, STEM, results, markdown(results))
     print(markdown(results), flush=True)
