@@ -75,6 +75,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # running requests of priority above 0 (background) and of 0 or below, kept where `running` changes: the
+        # background cap reads them for every admission, and a walk of `running` there cost a full batch's length
+        self.num_running_by_kind = {True: 0, False: 0}
         self.num_preemptions = 0
 
     # ---- queue management ---------------------------------------------
@@ -96,7 +99,7 @@ class Scheduler:
     def finish_request(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         """Take a request out of the queues and free its blocks."""
         if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
+            self._remove_running(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.block_manager.free(request)
@@ -196,6 +199,7 @@ class Scheduler:
                 out.new_request_ids.append(request.request_id)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            self.num_running_by_kind[request.priority > 0] += 1
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         # Siblings that must wait go back to the front, in their order.
@@ -210,14 +214,11 @@ class Scheduler:
         cap = self.config.max_background_seqs
         if cap is None or request.priority <= 0 or self.config.policy != "priority":
             return False
-        num_background = 0
-        foreground = False
-        for other in self.running:
-            if other.priority > 0:
-                num_background += 1
-            else:
-                foreground = True
-        return foreground and num_background >= cap
+        return self.num_running_by_kind[False] > 0 and self.num_running_by_kind[True] >= cap
+
+    def _remove_running(self, request: Request) -> None:
+        self.running.remove(request)
+        self.num_running_by_kind[request.priority > 0] -= 1
 
     def _waits_for_sibling(self, request: Request) -> bool:
         """n > 1: later choices wait until the first one's prompt is in the cache, then share it."""
@@ -249,7 +250,7 @@ class Scheduler:
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> int:
         """Preempts by recompute; returns the budget the request had taken in this step."""
-        self.running.remove(request)
+        self._remove_running(request)
         # A request preempted after being scheduled earlier in this same step loses that slot.
         refund = sum(s.num_new_tokens for s in out.scheduled if s.request is request)
         out.scheduled = [s for s in out.scheduled if s.request is not request]

@@ -294,3 +294,26 @@ def test_without_a_cap_or_under_fcfs_background_work_fills_the_slots_beside_inte
             s.add_request(make(f"line{i}", 4, priority=1000, arrival=1.0 + i))
         out = run_step(s)
         assert len(out.new_request_ids) == 7 and len(s.running) == 8, policy
+
+
+def test_the_running_counts_by_kind_follow_admissions_preemptions_and_finishes():
+    """The background cap reads counts kept where `running` changes (not a walk of it): after every step of a
+    mix of lines and interactive requests, through preemptions for priority and for blocks and finishes of
+    running and waiting requests, they equal a count of `running`."""
+    s = Scheduler(
+        SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=64, policy="priority", max_background_seqs=3),
+        BlockManager(24, BS),
+    )
+    requests = [make(f"r{i}", 6 + i % 5, priority=1000 if i % 3 else 0, arrival=float(i)) for i in range(30)]
+    preempted = 0
+    for step, request in enumerate(requests):
+        s.add_request(request)
+        out = run_step(s)
+        preempted += len(out.preempted_request_ids)
+        if step % 4 == 3 and s.running:
+            s.finish_request(s.running[0], FinishReason.STOP)
+        if step % 7 == 6 and s.waiting:
+            s.finish_request(s.waiting[-1], FinishReason.ABORT)
+        background = sum(r.priority > 0 for r in s.running)
+        assert s.num_running_by_kind == {True: background, False: len(s.running) - background}, step
+    assert preempted > 0  # the run went through preemptions, not only admissions and finishes
