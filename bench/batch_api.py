@@ -3,6 +3,9 @@ the same workload, and interactive latency with and without a batch running.
 
     python -m bench.batch_api              # on a CUDA GPU, from the repo root (Qwen3-0.6B shape)
     python -m bench.batch_api --dry-run    # CPU: tiny shape, a few short lines, code paths only
+    python -m bench.batch_api --batch-only # the offline engine and the batch alone (step 2b), ~2 minutes;
+                                           # BENCH_PYSPY=1 samples the worker's stacks meanwhile
+                                           # (service_overhead_worker_pyspy.txt, py-spy's raw format)
 
 Workload (seed 0): LINES lines of the offline workload's shape at a quarter of its lengths (prompt and output
 lengths each uniform in [25, 256]: the full [100, 1024] makes one pass of 10,000 lines ~5 minutes on an H100,
