@@ -44,12 +44,8 @@ from engine.block_table_rows import HostBlockTables
 from engine.launched_step import SampledTokens
 from engine.request import Request
 from engine.scheduler import ScheduledRequest
+from engine.step_fill import StepFill, align
 from kernels.stage_batch import StagingBuffers
-
-
-def _align(n: int) -> int:
-    """n rounded up to a multiple of 16 elements (16-byte aligned fields for Triton)."""
-    return (n + 15) // 16 * 16
 
 
 @dataclass
@@ -97,20 +93,21 @@ class InputBatch:
         self.device = device
         pin = device.type == "cuda"
         # logits rows: one per sequence, or up to one per token when sequences verify proposed tokens
-        n64 = 3 * _align(max_num_tokens) + _align(max(max_num_seqs, max_num_tokens))
-        n32 = 2 * _align(max_num_seqs + 1) + max_num_seqs * max_blocks_per_seq
+        n64 = 3 * align(max_num_tokens) + align(max(max_num_seqs, max_num_tokens))
+        n32 = 2 * align(max_num_seqs + 1) + max_num_seqs * max_blocks_per_seq
         self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=pin)
         self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=pin)
         self._np64 = self._host64.numpy()
         self._np32 = self._host32.numpy()
         self._dev64 = torch.zeros(n64, dtype=torch.int64, device=device)
         # the device needs only the head: the staged table rows go straight into block_tables
-        self._dev32 = torch.zeros(2 * _align(max_num_seqs + 1), dtype=torch.int32, device=device)
+        self._dev32 = torch.zeros(2 * align(max_num_seqs + 1), dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device)
         self._tables = HostBlockTables(max_num_seqs, max_blocks_per_seq)
         self._host_tables = self._tables.rows
         self._buffers = StagingBuffers(self._host64, self._dev64, self._host32, self._dev32, self.block_tables)
         self._arange = np.arange(max(max_num_tokens, max_blocks_per_seq * block_size) + 1, dtype=np.int64)
+        self._fill = StepFill(self._np64, self._np32, self._host_tables, self._arange, block_size)
         self._copied = torch.cuda.Event() if pin else None  # recorded behind the kernel that reads the host buffers
         self.num_pending_staged = 0  # input ids staged as pending (tests: async steps took the device's tokens)
         # the int64 and int32 elements and block-table rows the last `prepare` staged (tensor-parallel broadcast)
@@ -119,7 +116,7 @@ class InputBatch:
     # ---- the views a captured graph reads ---------------------------------------
     def decode_views(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """(input_ids, positions, meta) of a decode step of `num_rows` rows: the static inputs of its graph."""
-        b, a, sa = num_rows, _align(num_rows), _align(num_rows + 1)
+        b, a, sa = num_rows, align(num_rows), align(num_rows + 1)
         meta = AttentionMetadata(
             slot_mapping=self._dev64[2 * a : 2 * a + b],
             block_tables=self.block_tables[:b],
@@ -136,7 +133,7 @@ class InputBatch:
         """(input_ids, positions, meta) of a mixed step padded to num_tokens tokens over num_seqs
         sequences: the static inputs of its graph. max_query_len is the padded token count (the
         prefill kernel's tile choice; every real step of the bucket picks the same tiles)."""
-        t, s, a, sa = num_tokens, num_seqs, _align(num_tokens), _align(num_seqs + 1)
+        t, s, a, sa = num_tokens, num_seqs, align(num_tokens), align(num_seqs + 1)
         meta = AttentionMetadata(
             slot_mapping=self._dev64[2 * a : 2 * a + t],
             block_tables=self.block_tables[:s],
@@ -152,14 +149,14 @@ class InputBatch:
     def mixed_sampling_rows(self, num_tokens: int, num_seqs: int) -> torch.Tensor:
         """[num_seqs] int64: the sampling rows of a step padded to this mixed bucket, as its graph reads them
         (the step's R rows, then row 0 for each sequence past them: `prepare` stages them so)."""
-        a = _align(num_tokens)
+        a = align(num_tokens)
         return self._dev64[3 * a : 3 * a + num_seqs]
 
     def fill_dummy_mixed(self, num_tokens: int, num_seqs: int) -> None:
         """A harmless mixed batch for warm-up and capture: num_tokens tokens spread evenly over
         num_seqs fresh sequences, token 0, no KV write (slot -1), keys read from block 0."""
         self._wait_for_last_staging()
-        t, s, a, sa = num_tokens, num_seqs, _align(num_tokens), _align(num_seqs + 1)
+        t, s, a, sa = num_tokens, num_seqs, align(num_tokens), align(num_seqs + 1)
         per_seq = -(-t // s)
         starts = np.minimum(self._arange[: s + 1] * per_seq, t)
         self._np64[: 2 * a] = 0
@@ -175,7 +172,7 @@ class InputBatch:
         """A harmless decode batch for warm-up and capture: token 0 at position 0, no KV write
         (slot -1), one key read from block 0."""
         self._wait_for_last_staging()
-        b, a, sa = num_rows, _align(num_rows), _align(num_rows + 1)
+        b, a, sa = num_rows, align(num_rows), align(num_rows + 1)
         self._np64[: 2 * a] = 0
         self._np64[2 * a : 2 * a + b] = -1
         self._np32[:b] = 1
@@ -218,15 +215,15 @@ class InputBatch:
             raise ValueError(f"pad_to {pad_to} cannot hold a step of {num_seqs} sequences and {num_tokens} tokens"
                              + (" (a decode bucket needs one token per sequence)" if decode else ""))  # fmt: skip
         t = pad_tokens
-        a, sa = _align(t), _align(padded + 1)
+        a, sa = align(t), align(padded + 1)
         width_used, tables_changed = self._tables.update(scheduled)
         waiting: list[tuple[int, Request]] = []  # (input index, request) of pending tokens
         if decode:
-            seq_lens, query_lens = self._fill_decode(scheduled, padded, waiting)
+            seq_lens, query_lens = self._fill.decode(scheduled, padded, waiting)
             sampling = [i for i, item in enumerate(scheduled) if item.samples]
             rows = sampling  # one token per row: token index == item index
         else:
-            seq_lens, query_lens, rows, sampling = self._fill_mixed(scheduled, num_tokens, (t, padded), waiting)
+            seq_lens, query_lens, rows, sampling = self._fill.mixed(scheduled, num_tokens, (t, padded), waiting)
         identity_rows = decode and len(rows) == num_seqs
         num_rows = 0 if identity_rows else len(rows)
         self._np64[3 * a : 3 * a + num_rows] = rows[:num_rows]
@@ -258,7 +255,7 @@ class InputBatch:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:  # fmt: skip
         """(input_ids, positions, meta) of the step staged for num_tokens tokens over padded sequences: what
         `prepare` returns, and what a tensor-parallel rank rebuilds from rank 0's broadcast (step_mirror.py)."""
-        t, a, sa = num_tokens, _align(num_tokens), _align(padded + 1)
+        t, a, sa = num_tokens, align(num_tokens), align(padded + 1)
         meta = AttentionMetadata(
             slot_mapping=self._dev64[2 * a : 2 * a + t],
             block_tables=self.block_tables[:padded],
@@ -288,103 +285,6 @@ class InputBatch:
         except KeyError as exc:
             missing = exc.args[0].request_id
             raise RuntimeError(f"request {missing} has a pending token the last step did not sample") from exc
-
-    def _fill_decode(
-        self, scheduled: list[ScheduledRequest], padded: int, waiting: list[tuple[int, Request]]
-    ) -> tuple[list[int], list[int]]:
-        """One token per item: ids, positions, slots, seq_lens, query_start_loc, padded to `padded`
-        rows; returns (seq_lens, query_lens) and appends pending tokens to `waiting`."""
-        bs = self.block_size
-        positions = [item.num_computed_tokens for item in scheduled]
-        n = len(positions)
-        a, sa = _align(padded), _align(padded + 1)
-        np64, np32 = self._np64, self._np32
-        ids = []
-        for i, (item, p) in enumerate(zip(scheduled, positions)):
-            tokens = item.request.all_token_ids
-            if p < len(tokens):
-                ids.append(tokens[p])
-            else:
-                ids.append(0)
-                waiting.append((i, item.request))
-        np64[:n] = ids
-        np64[a : a + n] = positions
-        np64[2 * a : 2 * a + n] = [item.block_ids[p // bs] * bs + p % bs for item, p in zip(scheduled, positions)]
-        seq_lens = [p + 1 for p in positions]
-        np32[:n] = seq_lens
-        if padded > n:
-            np64[n:padded] = 0
-            np64[a + n : a + padded] = 0
-            np64[2 * a + n : 2 * a + padded] = -1
-            np32[n:padded] = 0
-        np32[sa : sa + padded + 1] = self._arange[: padded + 1]
-        return seq_lens, [1] * n
-
-    def _fill_mixed(
-        self,
-        scheduled: list[ScheduledRequest],
-        num_tokens: int,
-        padded: tuple[int, int],
-        waiting: list[tuple[int, Request]],
-    ) -> tuple[list[int], list[int], list[int], list[int]]:
-        """Any mix of prefill chunks and decodes, padded to `padded` (tokens, sequences); returns
-        (seq_lens, query_lens, logits rows, sampling items) and appends pending tokens to `waiting`.
-
-        NOTE: the loop gathers Python lists only; positions, slots and offsets are then computed for all
-        tokens at once. A mixed step at a full batch is mostly decodes (a batch's new lines join running
-        ones at every step), and per-item numpy work made this the engine's largest host cost there."""
-        bs = self.block_size
-        np64, np32 = self._np64, self._np32
-        num_seqs = len(scheduled)
-        pad_tokens, pad_seqs = padded
-        a, sa = _align(pad_tokens), _align(pad_seqs + 1)
-        t = 0
-        ids: list[int] = []
-        seq_lens, query_lens, rows, sampling = [], [], [], []
-        for i, item in enumerate(scheduled):
-            start, n = item.num_computed_tokens, item.num_new_tokens
-            end = start + n
-            tokens = item.request.all_token_ids
-            proposed = item.proposed_token_ids
-            if proposed:  # speculative decoding: the request's last tokens, then the proposal (none is pending)
-                ids += tokens[start:]
-                ids += proposed
-            elif end <= len(tokens):
-                if n == 1:
-                    ids.append(tokens[start])
-                else:
-                    ids += tokens[start:end]
-            else:  # only the newest token can be pending
-                ids += tokens[start : end - 1]
-                ids.append(0)
-                waiting.append((t + n - 1, item.request))
-            t += n
-            seq_lens.append(end)
-            query_lens.append(n)
-            if proposed:  # every proposed position is verified: k + 1 sampling rows
-                rows.extend(range(t - len(proposed) - 1, t))
-                sampling.extend([i] * (len(proposed) + 1))
-            elif item.samples:
-                rows.append(t - 1)
-                sampling.append(i)
-        np64[:t] = ids
-        lens = np.array(query_lens, dtype=np.int64)
-        ends = np.cumsum(lens)
-        # token j of item i sits at position start_i + (j - first token of i) = j + (end_i - ends_i)
-        pos = self._arange[:t] + np.repeat(np.array(seq_lens, dtype=np.int64) - ends, lens)
-        np64[a : a + t] = pos
-        np64[2 * a : 2 * a + t] = self._host_tables[np.repeat(self._arange[:num_seqs], lens), pos // bs] * bs + pos % bs
-        np32[:num_seqs] = seq_lens
-        np32[sa] = 0
-        np32[sa + 1 : sa + 1 + num_seqs] = ends
-        if pad_tokens > t:
-            np64[t:pad_tokens] = 0
-            np64[a + t : a + pad_tokens] = 0
-            np64[2 * a + t : 2 * a + pad_tokens] = -1
-        if pad_seqs > num_seqs:
-            np32[num_seqs:pad_seqs] = 0
-            np32[sa + num_seqs + 1 : sa + pad_seqs + 1] = t
-        return seq_lens, query_lens, rows, sampling
 
     def _stage(
         self, n64: int, n32: int, num_ids: int = 0, pending: torch.Tensor | None = None, table_rows: int = 0,

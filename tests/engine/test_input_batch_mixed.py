@@ -1,4 +1,4 @@
-"""A mixed step's staging (InputBatch._fill_mixed computes positions, slots and offsets for all tokens at once)
+"""A mixed step's staging (engine/step_fill.py computes positions, slots and offsets for all tokens at once)
 against a reference built token by token: every item's input ids, positions, KV slots, sequence lengths, query
 offsets, logits rows and pending tokens, for random mixes of decodes, prefill chunks, pending newest tokens and
 speculative proposals, padded and not."""
@@ -10,8 +10,9 @@ import random
 import pytest
 import torch
 
-from engine.input_batch import InputBatch, _align
+from engine.input_batch import InputBatch
 from engine.scheduler import ScheduledRequest
+from engine.step_fill import align
 
 BLOCK = 4
 
@@ -80,10 +81,10 @@ def test_a_mixed_step_stages_every_token_as_the_token_by_token_reference(seed: i
     pad_tokens, pad_seqs = (256, 16) if seed % 2 else (num_tokens, num_seqs)
     batch._tables.update(items)
     waiting = []
-    seq_lens, query_lens, rows, sampling = batch._fill_mixed(items, num_tokens, (pad_tokens, pad_seqs), waiting)
+    seq_lens, query_lens, rows, sampling = batch._fill.mixed(items, num_tokens, (pad_tokens, pad_seqs), waiting)
     expected = _reference(items)
     np64, np32 = batch._np64, batch._np32
-    a, sa = _align(pad_tokens), _align(pad_seqs + 1)
+    a, sa = align(pad_tokens), align(pad_seqs + 1)
     assert np64[:num_tokens].tolist() == expected["ids"]
     assert np64[a : a + num_tokens].tolist() == expected["positions"]
     assert np64[2 * a : 2 * a + num_tokens].tolist() == expected["slots"]
