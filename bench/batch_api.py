@@ -158,12 +158,16 @@ def _upload(http: httpx.Client, prompts: list[list[int]], outputs: list[int]) ->
     return upload.json()["id"]
 
 
-def _batch_alone(http: httpx.Client, file_id: str, outputs: list[int], timeout_s: float) -> dict:
-    started = time.time()
-    batch = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
-                                           "completion_window": "24h"}).json()  # fmt: skip
-    done = _wait(http, batch["id"], lambda b: b["status"] == "completed", timeout_s)
-    ended = time.time()
+def _batch_alone(http: httpx.Client, file_id: str, outputs: list[int], stack, metrics_port: int, out: Path) -> dict:
+    """The batch alone, with the worker's backlog and engine counts sampled (and, with BENCH_PYSPY=1, its stacks)."""
+    profiler = start_profiler(stack.worker.pid, out)
+    with WorkerBacklog(metrics_port) as backlog:
+        started = time.time()
+        batch = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                               "completion_window": "24h"}).json()  # fmt: skip
+        done = _wait(http, batch["id"], lambda b: b["status"] == "completed", timeout_s=400)
+        ended = time.time()
+    stop_profiler(profiler)
     lines = http.get(f"/v1/files/{done['output_file_id']}/content").text.splitlines()
     tokens = sum(json.loads(line)["response"]["body"]["usage"]["completion_tokens"] for line in lines)
     if len(lines) != len(outputs) or tokens != sum(outputs):
@@ -171,7 +175,8 @@ def _batch_alone(http: httpx.Client, file_id: str, outputs: list[int], timeout_s
     return {"id": done["id"], "elapsed_s": ended - started, "output_tokens": tokens,
             "output_tok_s": tokens / (ended - started), "request_counts": done["request_counts"],
             "validating_s": done["in_progress_at"] - done["created_at"],
-            "finalizing_s": done["completed_at"] - done["finalizing_at"]}  # fmt: skip
+            "finalizing_s": done["completed_at"] - done["finalizing_at"],
+            "worker_backlog": backlog.figures()}  # fmt: skip
 
 
 def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
@@ -192,12 +197,7 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
         run_open_loop(stack.bases, [(0.0, p, n) for p, n in warm])
         if args.batch_only:
             with httpx.Client(base_url=stack.bases[0], timeout=600) as http:
-                file_id = _upload(http, prompts, outputs)
-                profiler = start_profiler(stack.worker.pid, out)  # BENCH_PYSPY=1: the worker's stacks
-                with WorkerBacklog(metrics_port) as backlog:
-                    batch = _batch_alone(http, file_id, outputs, timeout_s=400)
-                stop_profiler(profiler)
-            batch["worker_backlog"] = backlog.figures()
+                batch = _batch_alone(http, _upload(http, prompts, outputs), outputs, stack, metrics_port, out)
             print(f"[batch] batch alone: {batch}", flush=True)
             stack.service.check()
             return {"batch": batch}
@@ -212,9 +212,7 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
         print(f"[batch] interactive alone: TTFT {alone['ttft_ms']}, backlog {alone['worker_backlog']}", flush=True)
         with httpx.Client(base_url=stack.bases[0], timeout=600) as http:
             file_id = _upload(http, prompts, outputs)
-            with WorkerBacklog(metrics_port) as backlog:
-                batch = _batch_alone(http, file_id, outputs, timeout_s=400)
-            batch["worker_backlog"] = backlog.figures()
+            batch = _batch_alone(http, file_id, outputs, stack, metrics_port, out)
             print(f"[batch] batch alone: {batch}", flush=True)
             second = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
                                                     "completion_window": "24h"}).json()  # fmt: skip
@@ -237,8 +235,8 @@ def _measure_service(args, directory: Path, out: Path, shape: dict) -> dict:
 
 
 def _result(args, shape: dict, offline: dict, service: dict) -> dict:
-    alone, loaded = service["interactive_alone"]["ttft_ms"]["p50"], service["interactive_with_batch"]["ttft_ms"]["p50"]
-    return {
+    """The run's figures; TTFT only where the interactive loads ran (not under --batch-only)."""
+    result = {
         "meta": offline.pop("meta"),
         "model": args.model,
         "shape": shape,
@@ -247,9 +245,12 @@ def _result(args, shape: dict, offline: dict, service: dict) -> dict:
         "offline": offline,
         "service": service,
         "batch_frac_of_offline": service["batch"]["output_tok_s"] / offline["output_tok_s"],
-        "ttft_p50_ms": {"alone": alone, "with_batch": loaded, "ratio": loaded / alone if alone else None},
         "goals": {"batch_frac_of_offline": THROUGHPUT_GOAL, "ttft_p50_ratio": TTFT_RATIO_GOAL},
     }
+    if "interactive_alone" in service:
+        alone, loaded = (service[k]["ttft_ms"]["p50"] for k in ("interactive_alone", "interactive_with_batch"))
+        result["ttft_p50_ms"] = {"alone": alone, "with_batch": loaded, "ratio": loaded / alone if alone else None}
+    return result
 
 
 def markdown(result: dict) -> str:
@@ -340,19 +341,11 @@ def main(argv=None) -> dict | None:
     print(f"[batch] offline: {offline['output_tok_s']:,.0f} output tok/s", flush=True)
     print("[batch] phase 2: the service", flush=True)
     service = _measure_service(args, directory, out, shape)
-    if args.batch_only:
-        batch = service["batch"]
-        results = {"meta": offline.pop("meta"), "model": args.model, "shape": shape, "in_flight": args.in_flight,
-                   "queue_ahead": args.queue_ahead, "offline": offline, "service": service,
-                   "batch_frac_of_offline": batch["output_tok_s"] / offline["output_tok_s"]}  # fmt: skip
-        (out / f"{STEM}_batch_only.json").write_text(json.dumps(results, indent=2))
-        print(
-            f"[batch] batch alone {batch['output_tok_s']:,.0f} tok/s = {results['batch_frac_of_offline']:.3f} of "
-            f"offline; engine running / waiting {batch['worker_backlog']}",
-            flush=True,
-        )
-        return results
     results = _result(args, shape, offline, service)
+    if args.batch_only:
+        (out / f"{STEM}_batch_only.json").write_text(json.dumps(results, indent=2))
+        print(f"[batch] batch alone {results['batch_frac_of_offline']:.3f} of offline", flush=True)
+        return results
     write_results(out, STEM, results, markdown(results))
     print(markdown(results), flush=True)
     return results
