@@ -75,9 +75,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        # running requests of priority above 0 (background) and of 0 or below, kept where `running` changes: the
-        # background cap reads them for every admission, and a walk of `running` there cost a full batch's length
-        self.num_running_by_kind = {True: 0, False: 0}
+        # running requests of priority above 0 (background), kept where `running` changes: the background cap reads
+        # it for every admission, and a walk of `running` there cost a full batch's length
+        self.num_background_running = 0
         self.num_preemptions = 0
 
     # ---- queue management ---------------------------------------------
@@ -199,7 +199,7 @@ class Scheduler:
                 out.new_request_ids.append(request.request_id)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self.num_running_by_kind[request.priority > 0] += 1
+            self.num_background_running += request.priority > 0
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         # Siblings that must wait go back to the front, in their order.
@@ -214,11 +214,12 @@ class Scheduler:
         cap = self.config.max_background_seqs
         if cap is None or request.priority <= 0 or self.config.policy != "priority":
             return False
-        return self.num_running_by_kind[False] > 0 and self.num_running_by_kind[True] >= cap
+        background = self.num_background_running
+        return len(self.running) > background and background >= cap
 
     def _remove_running(self, request: Request) -> None:
         self.running.remove(request)
-        self.num_running_by_kind[request.priority > 0] -= 1
+        self.num_background_running -= request.priority > 0
 
     def _waits_for_sibling(self, request: Request) -> bool:
         """n > 1: later choices wait until the first one's prompt is in the cache, then share it."""

@@ -296,10 +296,10 @@ def test_without_a_cap_or_under_fcfs_background_work_fills_the_slots_beside_inte
         assert len(out.new_request_ids) == 7 and len(s.running) == 8, policy
 
 
-def test_the_running_counts_by_kind_follow_admissions_preemptions_and_finishes():
-    """The background cap reads counts kept where `running` changes (not a walk of it): after every step of a
+def test_the_running_background_count_follows_admissions_preemptions_and_finishes():
+    """The background cap reads a count kept where `running` changes (not a walk of it): after every step of a
     mix of lines and interactive requests, through preemptions for priority and for blocks and finishes of
-    running and waiting requests, they equal a count of `running`."""
+    running and waiting requests, it equals a count of `running`."""
     s = Scheduler(
         SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=64, policy="priority", max_background_seqs=3),
         BlockManager(24, BS),
@@ -314,6 +314,5 @@ def test_the_running_counts_by_kind_follow_admissions_preemptions_and_finishes()
             s.finish_request(s.running[0], FinishReason.STOP)
         if step % 7 == 6 and s.waiting:
             s.finish_request(s.waiting[-1], FinishReason.ABORT)
-        background = sum(r.priority > 0 for r in s.running)
-        assert s.num_running_by_kind == {True: background, False: len(s.running) - background}, step
+        assert s.num_background_running == sum(r.priority > 0 for r in s.running), step
     assert preempted > 0  # the run went through preemptions, not only admissions and finishes
