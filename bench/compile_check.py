@@ -160,9 +160,11 @@ def _moe_variants(pdl: dict, on: dict) -> list[Variant]:
                 {"num_warps": 8, "num_stages": 3, **on}, "gate|up, 128-row tiles", ("N", "Kr", "stride_a")),
         Variant("moe_gemm", "_moe_gemm_kernel", dict(A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, **large, **gemm),
                 {"num_warps": 8, "num_stages": 3, **on}, "down, 128-row tiles", ("N", "Kr", "stride_a")),
-        Variant("moe_gemv", "_moe_gemv_gate_up_kernel", dict(TOP_K=8, BLOCK_N=4, BLOCK_K=512, **pdl),
+        Variant("moe_gemv", "_moe_gemv_gate_up_kernel", dict(TOP_K=8, BLOCK_N=4, BLOCK_K=512, UNROLL=True, CHUNKS=4,
+                                                              **pdl),
                 {"num_warps": 8, "num_stages": 1, **on}, multiples_of_16=("inter", "hidden")),
-        Variant("moe_gemv", "_moe_gemv_down_kernel", dict(TOP_K=8, BLOCK_N=4, BLOCK_K=512, **pdl),
+        Variant("moe_gemv", "_moe_gemv_down_kernel", dict(TOP_K=8, BLOCK_N=4, BLOCK_K=512, UNROLL=True, CHUNKS=2,
+                                                           **pdl),
                 {"num_warps": 8, "num_stages": 1, **on}, multiples_of_16=("inter", "hidden")),
     ]  # fmt: skip
 

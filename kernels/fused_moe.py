@@ -58,8 +58,9 @@ def fused_experts(
 ) -> torch.Tensor:  # fmt: skip
     """The routed experts' output [T, H] by the Triton kernels (see the module docstring).
 
-    tiles: overrides of kernels/moe_tiles.py's choice (tests, sweeps): "path" ("gemv" or "grouped")
-    and the grouped GEMMs' BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages.
+    tiles: overrides of kernels/moe_tiles.py's choice (tests, sweeps): "path" ("gemv" or "grouped"),
+    the grouped GEMMs' BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and the one-token
+    kernels' tiles "gemv_gate_up" / "gemv_down" (dicts of kernels/moe_gemv.py's TILE_KEYS).
     """
     from kernels.moe_align import moe_align
     from kernels.moe_gemm import moe_gemm_down, moe_gemm_gate_up
@@ -73,8 +74,8 @@ def fused_experts(
         return torch.empty_like(x)
     config = moe_tiles(num_tokens, num_experts, top_k, hidden, two_inter // 2, x.dtype, x.device, tiles)
     if config["path"] == "gemv":
-        act = moe_gemv_gate_up(x, w13, ids)  # [P, I]
-        return moe_gemv_down(act, w2, weights, ids)  # [T, H]
+        act = moe_gemv_gate_up(x, w13, ids, config["gemv_gate_up"])  # [P, I]
+        return moe_gemv_down(act, w2, weights, ids, config["gemv_down"])  # [T, H]
     sorted_ids, block_experts, num_padded = moe_align(ids, num_experts, config["BLOCK_M"])
     act = moe_gemm_gate_up(x, w13, ids, sorted_ids, block_experts, num_padded, config)  # [P, I]
     out = moe_gemm_down(act, w2, weights, sorted_ids, block_experts, num_padded, config)  # [P, H], weighted

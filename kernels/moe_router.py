@@ -10,8 +10,9 @@ Precision contract: weights within float32 rounding of the reference (a few ulp:
 run in another order); ids equal to the reference's wherever the K-th and (K+1)-th probabilities
 differ by more than that rounding.
 
-Kernel: each program owns BLOCK_T tokens and all E experts of each ([BLOCK_T, BLOCK_E] in registers);
-it takes the row maximum K times, each time recording (index, probability) and masking the winner out.
+Kernel: each program owns BLOCK_T tokens (fewer where T is small) and all E experts of each ([BLOCK_T, BLOCK_E]
+in registers); it takes the row maximum K times, each time recording (index, probability) and masking the
+winner out.
 Where transformers runs softmax, topk, a sum, a division and a cast (five kernels), this is one.
 """
 
@@ -79,12 +80,17 @@ def _moe_route_kernel(
     tl.store(ids_ptr + out, top_i, mask=out_mask)
 
 
-def route_tile(num_experts: int) -> dict:
-    """BLOCK_T, BLOCK_E and num_warps for E experts: about TILE_ELEMENTS logits a program (2 tokens on
-    the interpreter, so that the CPU tests' odd token counts cross a tile border)."""
+def route_tile(num_experts: int, num_tokens: int) -> dict:
+    """BLOCK_T, BLOCK_E and num_warps for T tokens of E experts: about TILE_ELEMENTS logits a program, but no
+    more token rows than T has (a decode step's one token in a [1, E] tile, whose K reductions stay within
+    one warp: no shared-memory round trips), and 2 tokens on the interpreter, so that the CPU tests' odd
+    token counts cross a tile border."""
     block_e = triton.next_power_of_2(num_experts)
-    block_t = 2 if interpreting() else max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // block_e))
-    return {"BLOCK_T": block_t, "BLOCK_E": block_e, "num_warps": 4 if block_t * block_e <= 2048 else 8}
+    block_t = max(1, min(MAX_BLOCK_T, TILE_ELEMENTS // block_e, triton.next_power_of_2(num_tokens)))
+    if interpreting():
+        block_t = 2
+    elements = block_t * block_e
+    return {"BLOCK_T": block_t, "BLOCK_E": block_e, "num_warps": 1 if elements <= 256 else 4 if elements <= 2048 else 8}
 
 
 def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +109,7 @@ def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torc
     ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=logits.device)
     if num_tokens == 0:
         return weights, ids
-    tile = route_tile(num_experts)
+    tile = route_tile(num_experts, num_tokens)
     _moe_route_kernel[(triton.cdiv(num_tokens, tile["BLOCK_T"]),)](
         logits, weights, ids, num_tokens, num_experts, logits.stride(0),
         TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize, **tile,

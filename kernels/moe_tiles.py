@@ -4,10 +4,12 @@ Legend: T = tokens, E = experts, K = experts per token, H = hidden size, I = an 
 
 Tuned: bench/moe_tune.py times both paths and a sweep of grouped-GEMM tiles on a GPU and writes, per GPU
 name, kernels/moe_configs/<GPU>.json: for each shape key (moe_shape_key) the largest T that takes the
-one-token path (`small_batch_max_tokens`) and a tile per measured T (`grouped`, keyed by T as text). A
+one-token path (`small_batch_max_tokens`), the one-token kernels' tiles (`gemv`: {"gate_up": tile,
+"down": tile}, swept at one token) and a tile per measured T (`grouped`, keyed by T as text). A
 batch takes the tile of the nearest measured T (vLLM's rule for its tuned files), if within a factor of 2.
 Elsewhere (another GPU, an untuned shape, the interpreter) a heuristic decides, without a warning: a
 missing file is the normal state of a new GPU, and the heuristic is what every untuned shape runs.
+- the one-token kernels: kernels/moe_gemv.py's TILE (the dense GEMV's tile, with its prefetch);
 - small_batch_max_tokens = E // (2K), at least 1: while T * K pairs stay below half the experts, few
   tokens share an expert, so the one-token path streams about what the grouped GEMMs would;
 - grouped tiles by rows per expert m = T K / E: BLOCK_M 16 (m <= 16), 32 (<= 32), 64 (<= 96), else 128,
@@ -32,6 +34,7 @@ from kernels._launch import interpreting
 CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 GROUPED_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 PATHS = ("gemv", "grouped")
+GEMV_KERNELS = ("gate_up", "down")  # a tuned entry's `gemv` tiles; the config's keys are gemv_<kernel>
 # a tuned tile serves batches within this factor of the batch it was measured at (a sweep cut short by its
 # budget leaves the larger batches to the heuristic rather than to the largest measured one's tile)
 NEAREST_MAX_RATIO = 2
@@ -105,7 +108,8 @@ def moe_tiles(
     device: torch.device,
     overrides: dict | None = None,
 ) -> dict:
-    """{"path": "gemv" | "grouped", and the grouped GEMMs' tile} for one call; overrides replace entries."""
+    """{"path": "gemv" | "grouped", the grouped GEMMs' tile, and "gemv_gate_up" / "gemv_down": the one-token
+    kernels' tiles (None: kernels/moe_gemv.py's default)} for one call; overrides replace entries."""
     entry = {}
     if device.type == "cuda" and not interpreting():
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -121,7 +125,8 @@ def choose_tiles(
     overrides: dict | None = None,
     element_bytes: int = 2,
 ) -> dict:
-    """moe_tiles from one shape's tuned entry ({} for none): its values where it has them, the heuristic's else."""
+    """moe_tiles from one shape's tuned entry ({} for none): its values where it has them, the heuristic's else
+    (the one-token kernels' default tiles: None)."""
     small_max = entry.get("small_batch_max_tokens", heuristic_small_batch_max_tokens(num_experts, top_k))
     grouped = entry.get("grouped") or {}
     nearest = min(grouped, key=lambda tokens: abs(math.log(int(tokens) / num_tokens)), default=None)
@@ -134,7 +139,9 @@ def choose_tiles(
     missing = set(GROUPED_KEYS) - set(tile)
     if missing:
         raise ValueError(f"a tuned MoE tile lacks {sorted(missing)}: {tile}")
+    gemv = entry.get("gemv") or {}
     config = {"path": "gemv" if num_tokens <= small_max else "grouped", **tile}
+    config.update({f"gemv_{kernel}": gemv.get(kernel) for kernel in GEMV_KERNELS})
     unknown = set(overrides or {}) - set(config)
     if unknown:
         raise ValueError(f"MoE tiles may set only {sorted(config)}, got {sorted(unknown)}")

@@ -65,12 +65,13 @@ def test_grouped_gemms_match_the_reference(num_tokens, num_experts, top_k, hidde
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,inter", [(1, 5, 2, 40, 36), (3, 11, 8, 33, 20)])
-def test_one_token_gemvs_match_the_reference(num_tokens, num_experts, top_k, hidden, inter, dtype, tol, device):
+@pytest.mark.parametrize("tile", [{}, {"UNROLL": False, "BLOCK_N": 2}], ids=["unrolled", "loop"])
+def test_one_token_gemvs_match_the_reference(num_tokens, num_experts, top_k, hidden, inter, tile, dtype, tol, device):
     x, w13, w2, weights, ids = moe_inputs(num_tokens, num_experts, top_k, hidden, inter, dtype, device, seed=1)
     expected_act, expected = moe_gemv_ref(x, w13, w2, weights, ids)
-    act = moe_gemv_gate_up(x, w13, ids)
+    act = moe_gemv_gate_up(x, w13, ids, tile)
     torch.testing.assert_close(act, expected_act, **tol)
-    torch.testing.assert_close(moe_gemv_down(act, w2, weights, ids), expected, **tol)
+    torch.testing.assert_close(moe_gemv_down(act, w2, weights, ids, tile), expected, **tol)
 
 
 # the one-token path at the few tokens it serves, the grouped one up to 40 tokens (the interpreter's cost
@@ -124,12 +125,20 @@ def test_shapes_are_checked_before_any_launch(device):
 
 def test_tuned_entries_choose_path_and_nearest_tile_and_the_heuristic_fills_in():
     tuned_small, tuned_large = dict(SMALL_TILE, BLOCK_N=32), dict(SMALL_TILE, BLOCK_M=64)
-    entry = {"small_batch_max_tokens": 3, "grouped": {"8": tuned_small, "256": tuned_large}}
+    gate_up_tile = {"BLOCK_N": 8, "BLOCK_K": 256, "UNROLL": False, "num_warps": 4}
+    gemv = {"gemv_gate_up": gate_up_tile, "gemv_down": None}  # a kernel the sweep did not reach: the default's
+    entry = {"small_batch_max_tokens": 3, "grouped": {"8": tuned_small, "256": tuned_large},
+             "gemv": {"gate_up": gate_up_tile}}  # fmt: skip
+    assert choose_tiles(entry, 3, 128, 8) == {**choose_tiles({}, 3, 128, 8), **gemv}  # 3 <= 8 untuned too
     assert choose_tiles(entry, 3, 128, 8)["path"] == "gemv"
-    assert choose_tiles(entry, 4, 128, 8) == {"path": "grouped", **tuned_small}
-    assert choose_tiles(entry, 40, 128, 8) == choose_tiles({}, 40, 128, 8)  # 5x from 8, 6x from 256: untuned
-    assert choose_tiles(entry, 200, 128, 8) == {"path": "grouped", **tuned_large}
-    assert choose_tiles(entry, 513, 128, 8) == choose_tiles({}, 513, 128, 8)  # over 2x from 256: untuned
+    assert choose_tiles(entry, 4, 128, 8) == {"path": "grouped", **tuned_small, **gemv}
+    untuned_gemv = {"gemv_gate_up": None, "gemv_down": None}
+    assert choose_tiles(entry, 40, 128, 8) == {**choose_tiles({}, 40, 128, 8), **gemv}  # 5x from 8, 6x from 256
+    assert choose_tiles({}, 40, 128, 8)["gemv_gate_up"] is None and choose_tiles({}, 40, 128, 8)["gemv_down"] is None
+    assert choose_tiles(entry, 200, 128, 8) == {"path": "grouped", **tuned_large, **gemv}
+    assert choose_tiles(entry, 513, 128, 8) == {**choose_tiles({}, 513, 128, 8), **gemv}  # over 2x from 256
+    assert choose_tiles({}, 3, 128, 8, {"gemv_down": gate_up_tile}) == {**choose_tiles({}, 3, 128, 8), **untuned_gemv,
+                                                                         "gemv_down": gate_up_tile}  # fmt: skip
     assert choose_tiles({}, 8, 128, 8)["path"] == "gemv"  # 128 // (2 * 8)
     assert choose_tiles({}, 9, 128, 8)["path"] == "grouped"
     assert choose_tiles({}, 3, 8, 2, {"path": "gemv"})["path"] == "gemv"
