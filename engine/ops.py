@@ -140,18 +140,25 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor, min_features: int | None = 
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    gemv_min_features: int | None = None,
 ) -> torch.Tensor:
     """[T, K] -> [T, N]: F.linear (cuBLAS), or kernels/gemv.py for one token and a large weight. out_dtype
     (default x's): the result rounded to x's dtype and stored as this one; the kernel stores it so itself,
     with no cast kernel after it (the LM head's fp32 logits: one kernel fewer at batch-1 decode).
+    gemv_min_features: the smallest weight dim that takes the kernel at one token (default
+    gemv_min_features(device); an MoE router's gate, E rows, sets its own).
 
     NOTE: dispatch by measurement (decision 0014): without PDL the small shapes (K = 2048, or N = 2048)
     made the step slower on the kernel although each alone was as fast: short programs (4 tiles of K at
     K = 2048) start up between back-to-back kernels. With programmatic dependent launch (kernels/_pdl.py)
     that start-up overlaps the kernel before, and the same shapes gain: hence gemv_min_features.
     """
-    if uses_gemv(x, weight):
+    if uses_gemv(x, weight, gemv_min_features):
         from kernels.gemv import gemv
 
         return gemv(x, weight, bias, out_dtype=out_dtype)

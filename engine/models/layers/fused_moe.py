@@ -94,6 +94,12 @@ class FusedMoE(nn.Module):
         return f"{module_name}.{expert}.{name}.weight"
 
 
+# NOTE: the gate's E rows are far below engine/ops.py's one-token GEMV threshold, but at one token cuBLAS took
+# 5.0 us for it a layer (H100, Qwen3-30B-A3B, E = 128; 13% of a decode step in the router's two kernels)
+# and launches without PDL; kernels/gemv.py streams the 0.5 MB under the kernel before it
+ROUTER_GEMV_MIN_FEATURES = 1
+
+
 class TopKRouter(nn.Module):
     """The gate: logits = x W^T (W [E, H]), then softmax, top-k and the optional renormalization.
 
@@ -112,5 +118,6 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, K] float32, ids [T, K] int32)."""
-        logits = ops.linear(x, self.weight)  # [T, E] in x's dtype, as transformers computes them
+        # [T, E] in x's dtype, as transformers computes them
+        logits = ops.linear(x, self.weight, gemv_min_features=ROUTER_GEMV_MIN_FEATURES)
         return moe_ops.moe_route(logits, self.top_k, self.renormalize)
