@@ -40,6 +40,25 @@ def async_scheduling_setting() -> bool | None:
     raise SystemExit(f"INFERQ_ASYNC_SCHEDULING must be true or false, got {value!r}")
 
 
+def dummy_weights_engine(directory: Path, device: torch.device, dry_run: bool, max_model_len: int, cache: dict,
+                         scheduler: dict):  # fmt: skip
+    """An LLMEngine over random weights of the config in `directory` (load_format dummy; bf16, float32 on a dry
+    run), with the cache's and scheduler's settings given and the async scheduling of async_scheduling_setting."""
+    from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from engine.llm_engine import LLMEngine
+
+    dtype = "float32" if dry_run else "bfloat16"
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(model=str(directory), dtype=dtype, load_format="dummy", max_model_len=max_model_len),
+            cache=CacheConfig(**cache),
+            scheduler=SchedulerConfig(**scheduler),
+            device=device.type,
+            async_scheduling=async_scheduling_setting(),
+        )
+    )
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -3,7 +3,9 @@
     python -m bench.moe_layer                 # on a CUDA GPU, from the repo root
     python -m bench.moe_layer --dry-run       # CPU (Triton interpreter): tiny shapes, code paths only
 
-1. Router: kernels/moe_router.py against torch's softmax + topk + renormalize, 1..8192 tokens.
+1. Router: kernels/moe_router.py against torch's softmax + topk + renormalize, 1..8192 tokens; and the
+   gate's projection at one token (the E x H router weight), kernels/gemv.py (what the engine runs) against
+   F.linear (cuBLAS).
 2. The routed experts from the router's logits (route, then kernels/fused_moe.py: what vLLM's
    fused_moe times), random bf16 weights of real shapes, random logits (about uniform routing), at
    1..8192 tokens, against the torch reference (kernels/fused_moe.py's fused_experts_ref, expert by
@@ -106,6 +108,24 @@ def measure_router(bench, tokens: tuple[int, ...], shapes: tuple[MoEShape, ...])
     return rows
 
 
+def measure_gate(bench, shapes: tuple[MoEShape, ...]) -> list[dict]:
+    """The router's gate projection at one token: kernels/gemv.py against F.linear."""
+    import torch.nn.functional as F
+
+    from kernels.gemv import gemv
+
+    rows = []
+    for shape in {(s.num_experts, s.hidden): s for s in shapes}.values():
+        x, _, _, _ = layer_inputs(shape, 1, bench.device)
+        weight = torch.randn(shape.num_experts, shape.hidden, device=bench.device).to(x.dtype)
+        args = [(x, weight)]
+        kernel_ms, how = bench.measure(gemv, args, True)
+        torch_ms, _ = bench.measure(F.linear, args, True)
+        rows.append({"experts": shape.num_experts, "hidden": shape.hidden, "gemv_us": kernel_ms * 1e3,
+                     "cublas_us": torch_ms * 1e3, "timing": how})  # fmt: skip
+    return rows
+
+
 def measure_layer(bench, shape: MoEShape, tokens: tuple[int, ...], ceilings: dict, skip_reference: bool) -> list[dict]:
     from kernels.fused_moe import fused_experts, fused_experts_ref
     from kernels.moe_router import moe_route
@@ -154,6 +174,10 @@ def markdown(results: dict) -> str:
     for r in results["router"]:
         lines.append(f"| {r['experts']} | {r['top_k']} | {r['tokens']} | {r['kernel_us']:.1f} | "
                      f"{r['torch_us']:.1f} | {r['speedup']:.1f}x |")  # fmt: skip
+    lines += ["", "## The router's gate projection at one token (E x H weight)", "",
+              "| E | H | kernels/gemv.py us | F.linear us |", "|---|---|---|---|"]  # fmt: skip
+    for r in results.get("gate", []):
+        lines.append(f"| {r['experts']} | {r['hidden']} | {r['gemv_us']:.1f} | {r['cublas_us']:.1f} |")
     lines += ["", "## Routed experts from the router's logits (route + fused experts)", "",
               f"Floor: experts touched x their bytes / read BW, or FLOPs / matmul rate; bytes bind at <= "
               f"{BYTES_BOUND_MAX_TOKENS} tokens (goal >= 85% of read BW), FLOPs at >= {FLOPS_BOUND_MIN_TOKENS} "
@@ -187,6 +211,7 @@ def main(argv=None) -> dict:
     results = {"environment": environment(device), "ceilings": measure_ceilings(bench),
                "shapes": [asdict(s) for s in shapes], "router": [], "layer": []}  # fmt: skip
     results["router"] = measure_router(bench, DRY_TOKENS if args.dry_run else ROUTER_TOKENS, shapes)
+    results["gate"] = measure_gate(bench, shapes)
     out = Path(args.out)
     write_results(out, STEM, results, markdown(results))
     for shape in shapes:

@@ -4,14 +4,17 @@ reads it; commit the file).
     python -m bench.moe_tune --models Qwen3-30B-A3B,Mixtral-8x7B      # on a CUDA GPU, from the repo root
     python -m bench.moe_tune --dry-run --config-dir /tmp/moe-configs  # CPU interpreter: the code paths only
 
-Per MoE shape (from bench/configs/<model>/config.json, or --shape E,K,H,I) and token count T, with a random
-routing (about uniform, as random weights route) of bf16 inputs, it times the routed experts (CUDA-graph
-replays, bench/kernel_timing.py) on the one-token path and on the grouped path with each candidate tile, in
-two sweeps: a coarse one over the tile's (BLOCK_M, BLOCK_N, BLOCK_K) at 4 warps, 3 stages, GROUP_M 8; then a
-refined one over warps, stages and GROUP_M around the best two. It records the best grouped tile per T and
-the largest T up to which the one-token path wins at every measured count (`small_batch_max_tokens`, 0 where
-it never does). A shape's entry is replaced whole; other shapes' entries in the file stay. --budget-s stops a
-shape's sweep early (the counts measured so far are written; the heuristic serves the rest).
+Per MoE shape (from bench/configs/<model>/config.json, or --shape E,K,H,I), with a random routing (about
+uniform, as random weights route) of bf16 inputs, it times the routed experts (CUDA-graph replays,
+bench/kernel_timing.py). First, at one token, the one-token kernels' tiles (`gemv`): gate|up, then down
+(the other at its best so far), over (BLOCK_N, BLOCK_K) unrolled on 8 warps, then the best as a loop and on
+4 warps. Then per token count T, the one-token path at those tiles and the grouped path with each candidate
+tile, in two sweeps: a coarse one over the tile's (BLOCK_M, BLOCK_N, BLOCK_K) at 4 warps, 3 stages,
+GROUP_M 8; then a refined one over warps, stages and GROUP_M around the best two. It records the best grouped
+tile per T and the largest T up to which the one-token path wins at every measured count
+(`small_batch_max_tokens`, 0 where it never does). A shape's entry is replaced whole; other shapes' entries
+in the file stay. --budget-s stops a shape's sweep early (the counts measured so far are written; the
+heuristic serves the rest).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3
 SHARED_MEMORY_LIMIT = 200 * 1024  # bytes of a program's pipelined tiles (H100: 227 KB a block)
 COARSE_FIXED = {"num_warps": 4, "num_stages": 3, "GROUP_M": 8}
 REFINED_CHOICES = {"num_warps": (4, 8), "num_stages": (3, 4), "GROUP_M": (1, 16)}
+GEMV_COARSE = ((2, 512), (4, 256), (4, 512), (4, 1024), (8, 256), (8, 512))  # (BLOCK_N, BLOCK_K)
+GEMV_REFINED = ({"UNROLL": False}, {"num_warps": 4})  # each over the best coarse tile
 # NOTE: every candidate tile is two compiled kernels (~1 s each): the sweeps stay small so that a shape's sweep
 # fits a device call (vLLM's full sweep takes hours a shape)
 
@@ -106,34 +111,78 @@ def merged_table(path: Path, key: str, entry: dict, meta: dict) -> dict:
     return dict(sorted(table.items()))
 
 
+def gemv_candidates(kernel: str, dry_run: bool) -> list[dict]:
+    """The one-token kernels' coarse tiles (kernels/moe_gemv.py's TILE_KEYS); two small ones on the interpreter."""
+    from kernels.moe_gemv import TILE
+
+    if dry_run:
+        return [{**TILE, "BLOCK_N": n, "BLOCK_K": 16, "num_warps": 1} for n in (2, 4)]
+    return [{**TILE, "BLOCK_N": n, "BLOCK_K": k} for n, k in GEMV_COARSE]
+
+
+def tune_gemv(timed, dry_run: bool) -> tuple[dict, dict]:
+    """({"gate_up": tile, "down": tile}, {kernel: {tile as text: us}}) at one token: each kernel's coarse sweep,
+    then its best tile as a loop and on 4 warps; the other kernel at its best so far."""
+    best = {"gate_up": None, "down": None}
+    times = {}
+    for kernel in best:
+        scored = []
+
+        def score(tile: dict, kernel: str = kernel, scored: list = scored) -> None:
+            others = {f"gemv_{k}": t for k, t in best.items() if k != kernel}
+            scored.append((timed({"path": "gemv", f"gemv_{kernel}": tile, **others}), len(scored), tile))
+
+        for tile in gemv_candidates(kernel, dry_run):
+            score(tile)
+        top = min(scored)[2]
+        for change in () if dry_run else GEMV_REFINED:
+            score({**top, **change})
+        best[kernel] = min(scored)[2]
+        times[kernel] = {json.dumps(tile, sort_keys=True): us for us, _, tile in scored}
+        print(f"  gemv {kernel}: {min(scored)[0]:.1f} us {best[kernel]}", flush=True)
+    return best, times
+
+
 def tune_shape(bench, shape: tuple[int, int, int, int], tokens: tuple[int, ...], budget_s: float,
                dry_run: bool) -> dict:  # fmt: skip
-    """{"small_batch_max_tokens", "grouped": {T: tile}, "us": {T: {"gemv", "grouped"}}} of one shape."""
+    """{"small_batch_max_tokens", "gemv": {kernel: tile}, "grouped": {T: tile}, "us": {T: {"gemv", "grouped"}},
+    "gemv_us": {kernel: {tile: us}}} of one shape."""
     from kernels.fused_moe import fused_experts
     from kernels.moe_router import moe_route
 
     num_experts, top_k, hidden, inter = shape
     dtype = torch.float32 if dry_run else torch.bfloat16
     started = time.monotonic()
-    grouped, gemv_us, grouped_us = {}, {}, {}
-    for num_tokens in tokens:
-        if time.monotonic() - started > budget_s:
-            print(f"budget spent: {shape} stops before {num_tokens} tokens", flush=True)
-            break
+
+    def inputs_at(num_tokens: int) -> list[tuple]:
         generator = torch.Generator(device=bench.device).manual_seed(num_tokens)
         x = torch.randn(num_tokens, hidden, generator=generator, device=bench.device).to(dtype)
         w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=generator, device=bench.device)
                * hidden**-0.5).to(dtype)  # fmt: skip
         w2 = (torch.randn(num_experts, hidden, inter, generator=generator, device=bench.device) * inter**-0.5).to(dtype)
         weights, ids = moe_route(torch.randn(num_tokens, num_experts, device=bench.device), top_k, True)
+        return [(x, w13, w2, weights, ids)]
 
-        inputs = [(x, w13, w2, weights, ids)]
-
-        def timed(tiles: dict, inputs: list = inputs) -> float:
+    def timer(inputs: list):
+        def timed(tiles: dict) -> float:
             ms, _ = bench.measure(lambda *args: fused_experts(*args, tiles=tiles), inputs, True)
             return ms * 1e3
 
-        gemv_us[num_tokens] = timed({"path": "gemv"})
+        return timed
+
+    inputs = inputs_at(1)
+    gemv, gemv_times = tune_gemv(timer(inputs), dry_run)
+    gemv_tiles = {f"gemv_{kernel}": tile for kernel, tile in gemv.items()}
+    del inputs
+    bench.free()
+    grouped, gemv_us, grouped_us = {}, {}, {}
+    for num_tokens in tokens:
+        if time.monotonic() - started > budget_s:
+            print(f"budget spent: {shape} stops before {num_tokens} tokens", flush=True)
+            break
+        inputs = inputs_at(num_tokens)
+        timed = timer(inputs)
+        gemv_us[num_tokens] = timed({"path": "gemv", **gemv_tiles})
         candidates = coarse_tiles(num_tokens, num_experts, top_k)
         if dry_run:
             candidates = [dict(c, BLOCK_N=16, BLOCK_K=16, num_stages=1) for c in candidates[:2]]
@@ -145,12 +194,14 @@ def tune_shape(bench, shape: tuple[int, int, int, int], tokens: tuple[int, ...],
         grouped_us[num_tokens], _, grouped[str(num_tokens)] = scored[0]
         print(f"{shape} T={num_tokens}: gemv {gemv_us[num_tokens]:.1f} us, grouped {grouped_us[num_tokens]:.1f} us "
               f"{grouped[str(num_tokens)]}", flush=True)  # fmt: skip
-        del x, w13, w2, inputs
+        del inputs, timed
         bench.free()
     return {
         "small_batch_max_tokens": small_batch_max_tokens(gemv_us, grouped_us),
+        "gemv": gemv,
         "grouped": grouped,
         "us": {str(t): {"gemv": gemv_us[t], "grouped": grouped_us[t]} for t in grouped_us},
+        "gemv_us": gemv_times,
     }
 
 

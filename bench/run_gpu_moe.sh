@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # One device call: the MoE GPU tests, the MoE kernels' tuning, the MoE layer benchmark, and the engine
-# benchmarks (batch-1 decode, offline throughput) on an MoE model with random weights of its real shape.
+# benchmarks (batch-1 decode, offline throughput, time per output token at 10 concurrent requests of 2,048 /
+# 1,024 tokens) on an MoE model with random weights of its real shape.
 #
 # Run from the repo root on the GPU machine:  bash bench/run_gpu_moe.sh
 # Carry what bench/run_gpu_engine.sh needs (artifacts/smollm2-tokenizer for the tiny checkpoints of the GPU
 # tests, .whl for redis; `bash bench/gpu_carry.sh` builds both).
 # Writes into $OUT (default bench/results/tmp): run.log, moe_configs/<GPU>.json (the tuning: commit it as
 # kernels/moe_configs/<GPU>.json), moe_layer.{json,md}, decode_latency.{json,md},
-# offline_throughput.{json,md}. Each phase has its own time limit (the sum stays under 10 minutes);
+# offline_throughput.{json,md}, concurrent_decode.{json,md}. Each phase has its own time limit (the sum stays under 10 minutes);
 # the tuned file is copied into kernels/moe_configs/ of this tree first, so the benchmarks after it run the
 # tuned tiles.
-#   PHASES="tests tune layer decode offline" (default: all) runs a subset.
+#   PHASES="tests tune layer decode offline concurrent" (default: all) runs a subset.
 #   MOE_MODEL (default Qwen3-30B-A3B: 61 GB of bf16 weights; Mixtral-8x7B's 93 GB need an H200) is the engine
 #   benchmarks' model; TUNE_MODELS the bench/configs models whose layer shape is tuned, beside Mixtral-8x7B's
 #   TP=2 shard (vLLM's E=8 N=7168, the layer benchmark's comparison).
@@ -28,7 +29,7 @@ LOG="$OUT/run.log"
 started=$SECONDS
 
 phase() { echo "=== $1 (t=$((SECONDS - started))s)" | tee -a "$LOG"; }
-wants() { case " ${PHASES:-tests tune layer decode offline} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+wants() { case " ${PHASES:-tests tune layer decode offline concurrent} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 phase environment
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -39,7 +40,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 "$PYTHON" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' 2>&1 | tee -a "$LOG"
 
-tests_rc=0 tune_rc=0 layer_rc=0 decode_rc=0 offline_rc=0
+tests_rc=0 tune_rc=0 layer_rc=0 decode_rc=0 offline_rc=0 concurrent_rc=0
 if wants tests; then
     phase "MoE GPU tests"
     # the kernels at real shapes and tiles, graph replays of new routings; the MoE kinds of the engine's GPU
@@ -82,7 +83,15 @@ if wants offline; then
     offline_rc=${PIPESTATUS[0]}
 fi
 
+if wants concurrent; then
+    phase "concurrent requests ($MOE_MODEL)"
+    timeout "${CONCURRENT_TIMEOUT_S:-90}" "$PYTHON" -m bench.concurrent_decode --models "$MOE_MODEL" --out "$OUT" \
+        2>&1 | tee -a "$LOG"
+    concurrent_rc=${PIPESTATUS[0]}
+fi
+
 phase done
 echo "exit codes (124 = ran out of time): tests $tests_rc, tune $tune_rc, layer $layer_rc, decode $decode_rc," \
-    "offline $offline_rc" | tee -a "$LOG"
-[ "$tests_rc" -eq 0 ] && [ "$tune_rc" -eq 0 ] && [ "$layer_rc" -eq 0 ] && [ "$decode_rc" -eq 0 ] && [ "$offline_rc" -eq 0 ]
+    "offline $offline_rc, concurrent $concurrent_rc" | tee -a "$LOG"
+[ "$tests_rc" -eq 0 ] && [ "$tune_rc" -eq 0 ] && [ "$layer_rc" -eq 0 ] && [ "$decode_rc" -eq 0 ] && [ "$offline_rc" -eq 0 ] \
+    && [ "$concurrent_rc" -eq 0 ]

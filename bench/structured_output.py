@@ -53,24 +53,11 @@ def _parse_args(argv=None) -> argparse.Namespace:
 
 
 def _engine(directory, device, dry_run: bool, max_num_seqs: int):
-    from bench.engine_common import async_scheduling_setting
-    from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from engine.llm_engine import LLMEngine
+    from bench.engine_common import dummy_weights_engine
 
-    return LLMEngine(
-        EngineConfig(
-            model=ModelConfig(
-                model=str(directory),
-                dtype="float32" if dry_run else "bfloat16",
-                load_format="dummy",
-                max_model_len=1024,
-            ),  # fmt: skip
-            cache=CacheConfig(num_kv_tokens=max_num_seqs * 512, enable_prefix_caching=False),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(1024, max_num_seqs * 64)),
-            device=device.type,
-            async_scheduling=async_scheduling_setting(),
-        )
-    )
+    cache = {"num_kv_tokens": max_num_seqs * 512, "enable_prefix_caching": False}
+    scheduler = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max(1024, max_num_seqs * 64)}
+    return dummy_weights_engine(directory, device, dry_run, 1024, cache, scheduler)
 
 
 def _decode_run(engine, batch: int, prompt_len: int, new_tokens: int, constrained: bool) -> dict:

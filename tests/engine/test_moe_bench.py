@@ -70,6 +70,8 @@ def test_moe_layer_benchmark_dry_run(tmp_path: Path) -> None:
     assert {r["path"] for r in results["layer"]} == {"gemv", "grouped"}
     assert all(r["us"] > 0 and r["floor_us"] > 0 and "torch_us" in r for r in results["layer"])
     assert len(results["router"]) == 2 * len(moe_layer.DRY_TOKENS)
+    assert [(r["experts"], r["hidden"]) for r in results["gate"]] == [(5, 64), (9, 48)]
+    assert all(r["gemv_us"] > 0 and r["cublas_us"] > 0 for r in results["gate"])
     assert "| tiny | 40 | grouped |" in (tmp_path / "moe_layer.md").read_text()
 
 
@@ -84,6 +86,21 @@ def test_tuning_dry_run_writes_an_entry_the_tile_chooser_reads(tmp_path: Path) -
     assert table[key] == done[key] and table["_runs"][key]["gpu"] == "cpu-interpreter"
     assert set(table[key]["grouped"]) == {"1", "3"}
     assert choose_tiles(table[key], 2, 5, 2)["BLOCK_M"] == 16
+    # the one-token kernels' tiles: the fastest of each kernel's sweep, and what the chooser hands the kernels
+    for kernel in ("gate_up", "down"):
+        swept = table[key]["gemv_us"][kernel]
+        assert len(swept) == 2 and json.loads(min(swept, key=swept.get)) == table[key]["gemv"][kernel]
+        assert choose_tiles(table[key], 1, 5, 2)[f"gemv_{kernel}"] == table[key]["gemv"][kernel]
+
+
+def test_concurrent_requests_benchmark_dry_run(tmp_path: Path) -> None:
+    from bench import concurrent_decode
+
+    row = concurrent_decode.main(["--dry-run", "--out", str(tmp_path)])["models"]["Llama-3.2-1B"]
+    assert "error" not in row, row
+    assert row["requests"] == concurrent_decode.DRY["requests"] and row["kv_pool_tokens"] > 0
+    assert 0 < row["tpot_ms_median"] <= row["tpot_ms_max"] and row["floor_ms_per_token"] > 0
+    assert "| Llama-3.2-1B | 3 | 40 | 12 |" in (tmp_path / "concurrent_decode.md").read_text()
 
 
 def test_tuning_rules() -> None:
