@@ -112,7 +112,7 @@ def markdown(results: dict) -> str:
     from bench.engine_common import header
 
     lines = header(results, "inferq time per output token at concurrent requests")
-    lines += ["The engine alone, random bf16 weights (load_format dummy), CUDA graphs, greedy, ignore_eos; all "
+    lines += ["", "The engine alone, random bf16 weights (load_format dummy), CUDA graphs, greedy, ignore_eos; all "
               "requests added at once. TPOT: (last token - first token) / (output - 1) per request, the median and "
               "the slowest; floor: a decode step of all requests at the mean context (prompt + output / 2), "
               "bench/roofline.py.", "",
