@@ -68,3 +68,16 @@ def test_a_nan_row_still_names_experts_in_range(device):
 def test_launcher_names_the_bad_argument(logits, top_k, message, device):
     with pytest.raises(ValueError, match=message):
         moe_route(logits.to(device), top_k, True)
+
+
+def test_the_tile_holds_no_more_token_rows_than_the_batch(monkeypatch):
+    """On a GPU (the interpreter takes 2 rows always): a decode step's one token in a [1, E] tile on one warp up to
+    256 logits, a large batch TILE_ELEMENTS logits a program."""
+    from kernels import moe_router
+
+    monkeypatch.setattr(moe_router, "interpreting", lambda: False)
+    assert moe_router.route_tile(128, 1) == {"BLOCK_T": 1, "BLOCK_E": 128, "num_warps": 1}
+    assert moe_router.route_tile(60, 3) == {"BLOCK_T": 4, "BLOCK_E": 64, "num_warps": 1}
+    assert moe_router.route_tile(128, 16) == {"BLOCK_T": 16, "BLOCK_E": 128, "num_warps": 4}
+    assert moe_router.route_tile(128, 8192) == {"BLOCK_T": 32, "BLOCK_E": 128, "num_warps": 8}
+    assert moe_router.route_tile(1024, 8192) == {"BLOCK_T": 4, "BLOCK_E": 1024, "num_warps": 8}
