@@ -35,6 +35,7 @@ CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 GROUPED_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 PATHS = ("gemv", "grouped")
 GEMV_KERNELS = ("gate_up", "down")  # a tuned entry's `gemv` tiles; the config's keys are gemv_<kernel>
+GEMV_TILE_KEYS = ("BLOCK_N", "BLOCK_K", "UNROLL", "num_warps")  # kernels/moe_gemv.py's TILE_KEYS
 # a tuned tile serves batches within this factor of the batch it was measured at (a sweep cut short by its
 # budget leaves the larger batches to the heuristic rather than to the largest measured one's tile)
 NEAREST_MAX_RATIO = 2
@@ -140,6 +141,12 @@ def choose_tiles(
     if missing:
         raise ValueError(f"a tuned MoE tile lacks {sorted(missing)}: {tile}")
     gemv = entry.get("gemv") or {}
+    for kernel, gemv_tile in gemv.items():
+        if kernel not in GEMV_KERNELS or set(gemv_tile) - set(GEMV_TILE_KEYS):
+            raise ValueError(
+                f"a tuned one-token MoE tile must be gemv.<{'|'.join(GEMV_KERNELS)}> with keys of {GEMV_TILE_KEYS}, "
+                f"got gemv.{kernel} = {gemv_tile} (retune: bench/moe_tune.py)"
+            )
     config = {"path": "gemv" if num_tokens <= small_max else "grouped", **tile}
     config.update({f"gemv_{kernel}": gemv.get(kernel) for kernel in GEMV_KERNELS})
     unknown = set(overrides or {}) - set(config)

@@ -11,9 +11,11 @@ import torch
 from kernels.fused_moe import fused_experts, fused_experts_ref
 from kernels.moe_align import moe_align, moe_align_ref
 from kernels.moe_gemm import moe_gemm_down, moe_gemm_gate_up, moe_gemm_ref
+from kernels.moe_gemv import TILE_KEYS as GEMV_KERNEL_TILE_KEYS
 from kernels.moe_gemv import moe_gemv_down, moe_gemv_gate_up, moe_gemv_ref
 from kernels.moe_router import moe_route_ref
 from kernels.moe_tiles import (
+    GEMV_TILE_KEYS,
     SHARED_MEMORY_BUDGET,
     choose_tiles,
     device_config_file,
@@ -123,6 +125,10 @@ def test_shapes_are_checked_before_any_launch(device):
         moe_gemm_gate_up(x, w13, ids, *moe_align_ref(ids, 4, 32), SMALL_TILE)
 
 
+def test_the_tile_chooser_knows_the_one_token_kernels_tile_keys():
+    assert GEMV_TILE_KEYS == GEMV_KERNEL_TILE_KEYS
+
+
 def test_tuned_entries_choose_path_and_nearest_tile_and_the_heuristic_fills_in():
     tuned_small, tuned_large = dict(SMALL_TILE, BLOCK_N=32), dict(SMALL_TILE, BLOCK_M=64)
     gate_up_tile = {"BLOCK_N": 8, "BLOCK_K": 256, "UNROLL": False, "num_warps": 4}
@@ -146,6 +152,11 @@ def test_tuned_entries_choose_path_and_nearest_tile_and_the_heuristic_fills_in()
         choose_tiles({}, 3, 8, 2, {"BLOCK_X": 3})
     with pytest.raises(ValueError, match="lacks"):
         choose_tiles({"grouped": {"16": {"BLOCK_M": 16}}}, 30, 8, 2)
+    # a file from another version of the one-token kernels fails at the first call, naming what to do
+    with pytest.raises(ValueError, match=r"gemv.down = \{'PREFETCH': True\} \(retune"):
+        choose_tiles({"gemv": {"down": {"PREFETCH": True}}}, 1, 8, 2)
+    with pytest.raises(ValueError, match="gemv.gate"):
+        choose_tiles({"gemv": {"gate": {}}}, 1, 8, 2)
     assert [heuristic_grouped_tile(t, 128, 8)["BLOCK_M"] for t in (16, 512, 1536, 8192)] == [16, 32, 64, 128]
     # every heuristic tile fits the shared-memory budget, float32's by narrower columns and fewer stages
     for element_bytes in (2, 4):
