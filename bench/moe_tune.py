@@ -123,7 +123,9 @@ def gemv_candidates(kernel: str, dry_run: bool) -> list[dict]:
 def tune_gemv(timed, dry_run: bool) -> tuple[dict, dict]:
     """({"gate_up": tile, "down": tile}, {kernel: {tile as text: us}}) at one token: each kernel's coarse sweep,
     then its best tile as a loop and on 4 warps; the other kernel at its best so far."""
-    best = {"gate_up": None, "down": None}
+    from kernels.moe_tiles import GEMV_KERNELS
+
+    best = dict.fromkeys(GEMV_KERNELS)
     times = {}
     for kernel in best:
         scored = []

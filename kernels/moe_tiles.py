@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 
 from kernels._launch import interpreting
+from kernels.moe_gemv import TILE_KEYS as GEMV_TILE_KEYS
 
 CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 GROUPED_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 PATHS = ("gemv", "grouped")
 GEMV_KERNELS = ("gate_up", "down")  # a tuned entry's `gemv` tiles; the config's keys are gemv_<kernel>
-GEMV_TILE_KEYS = ("BLOCK_N", "BLOCK_K", "UNROLL", "num_warps")  # kernels/moe_gemv.py's TILE_KEYS
 # a tuned tile serves batches within this factor of the batch it was measured at (a sweep cut short by its
 # budget leaves the larger batches to the heuristic rather than to the largest measured one's tile)
 NEAREST_MAX_RATIO = 2
