@@ -301,13 +301,16 @@ def _measure_ngram_on_smollm2(device, dry_run: bool) -> dict:
     off_ms, _, _ = _timed(engine, prompt, new_tokens, repeats)
     from engine.proposers import NgramProposer
 
-    _speculation(engine, speculator, NgramProposer(), speculator.config)
-    _timed(engine, prompt, 16, 1)
-    ms, spec, _ = _timed(engine, prompt, new_tokens, repeats)
-    rows = [
-        {"batch": 1, "proposer": "off", "ms_per_token": off_ms, "speedup": 1.0},
-        {"batch": 1, "proposer": "ngram", "ms_per_token": ms, "speedup": off_ms / ms, **spec},
-    ]
+    rows = [{"batch": 1, "proposer": "off", "ms_per_token": off_ms, "speedup": 1.0}]
+    default = speculator.config
+    # the policy's default, and forced on: every step verifies what the proposer finds (the policy's worth)
+    for label, policy in (("policy default", default), ("forced on", _forced(default, 1))):
+        _speculation(engine, speculator, NgramProposer(), policy)
+        _timed(engine, prompt, 16, 1)
+        ms, spec, _ = _timed(engine, prompt, new_tokens, repeats)
+        rows.append({"batch": 1, "proposer": "ngram", "policy": label, "ms_per_token": ms, "speedup": off_ms / ms,
+                     **spec})  # fmt: skip
+        print(f"[spec] default {rows[-1]}")
     return {"k": K, "rows": rows}
 
 

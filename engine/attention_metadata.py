@@ -33,6 +33,8 @@ class AttentionMetadata:
         seq_lens_cpu, query_lens_cpu: host copies (the torch reference loops over them).
         decode_order: [S] the sequences longest context first, for the decode kernel's grid, or None
             (set by the model runner before each forward: engine.attention_ops.decode_order).
+        num_fresh_keys: a decode step's newest positions per sequence that its own KV store may write: 1, or
+            1 + k in an engine whose verification steps run as decode rows (engine/verify_rows.py).
     """
 
     slot_mapping: torch.Tensor
@@ -44,6 +46,7 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     query_lens_cpu: list[int]
     decode_order: torch.Tensor | None = None
+    num_fresh_keys: int = 1
 
     @property
     def num_seqs(self) -> int:

@@ -77,7 +77,7 @@ def paged_attention(
             from kernels.decode_attention import paged_decode_attention as kernel
 
             return kernel(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, order=meta.decode_order,
-                          window=window)  # fmt: skip
+                          window=window, fresh_keys=meta.num_fresh_keys)  # fmt: skip
         return paged_decode_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, window)
     if use_triton(q):
         from kernels.prefill_attention import paged_prefill_attention as kernel

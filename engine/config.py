@@ -148,7 +148,7 @@ class SpeculativeConfig:
     ngram_max: int = 4
     ngram_min: int = 1
     max_batch_size: int = 16
-    min_acceptance_rate: float = 0.1
+    min_acceptance_rate: float = 0.2
     probe_interval: int = 16
 
     def __post_init__(self) -> None:
@@ -221,8 +221,9 @@ class EngineConfig:
             each token would reach the caller one step later). Steps of requests whose sampling
             reads earlier tokens on the host (repetition, presence or frequency penalties) run
             synchronously either way.
-        speculative: speculative decoding (off by default); its verification steps run synchronously, in
-            the CUDA graphs of the mixed-step buckets.
+        speculative: speculative decoding (off by default); its verification steps run synchronously, as
+            decode rows in the decode buckets' CUDA graphs (engine/verify_rows.py), or in a mixed bucket's where
+            a prefill chunk joins them.
         parallel: tensor parallelism (off by default).
     """
 

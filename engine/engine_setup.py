@@ -41,6 +41,7 @@ def build_model_runner(
         max_model_len=max_model_len,
         step_graphs=step_graphs(config),
         tp=tp,
+        num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative.method else 0,
     )
 
 

@@ -81,16 +81,20 @@ class InputBatch:
         max_blocks_per_seq: W, the block-table width (ceil(max_model_len / block_size)).
         block_size: tokens per KV block.
         device: where the model runs; host buffers are pinned when it is CUDA.
+        num_fresh_keys: a decode step's newest positions per row that its own KV store may write (the metadata's
+            num_fresh_keys): 1, or 1 + k where verification steps run as decode rows (engine/verify_rows.py).
     """
 
     def __init__(
-        self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device
-    ) -> None:
+        self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
+        num_fresh_keys: int = 1,
+    ) -> None:  # fmt: skip
         self.max_num_tokens = max_num_tokens
         self.max_num_seqs = max_num_seqs
         self.width = max_blocks_per_seq
         self.block_size = block_size
         self.device = device
+        self.num_fresh_keys = num_fresh_keys
         pin = device.type == "cuda"
         # logits rows: one per sequence, or up to one per token when sequences verify proposed tokens
         n64 = 3 * align(max_num_tokens) + align(max(max_num_seqs, max_num_tokens))
@@ -126,6 +130,7 @@ class InputBatch:
             max_seq_len=self.width * self.block_size,
             seq_lens_cpu=[1] * b,  # placeholder: the graphed (Triton) path never reads host lengths
             query_lens_cpu=[1] * b,
+            num_fresh_keys=self.num_fresh_keys,
         )
         return self._dev64[:b], self._dev64[a : a + b], meta
 
@@ -193,6 +198,7 @@ class InputBatch:
         num_tokens: int,
         pad_to: tuple[int, int] | None = None,
         pending: SampledTokens | None = None,
+        token_ids: list[int] | None = None,
     ) -> StepInputs:
         """Stages the step's batch and launches the kernel that brings it to the device.
 
@@ -206,11 +212,15 @@ class InputBatch:
                 position 0, slot -1; sequences past them get seq_len 0 and no new token.
             pending: the tokens of the step launched before this one, on the device: where a
                 request's token that the host has not read yet is found.
+            token_ids: a decode step's input ids, one per item, where the items' requests do not hold them
+                (a verification step as decode rows: engine/verify_rows.py); None reads them there.
         """
         self._wait_for_last_staging()
         num_seqs = len(scheduled)
         pad_tokens, padded = pad_to if pad_to is not None else (num_tokens, num_seqs)
         decode = pad_tokens == padded
+        if token_ids is not None and not (decode and len(token_ids) == num_seqs):
+            raise ValueError(f"token_ids are a decode step's, one per item: got {len(token_ids)} for {num_seqs} items")
         if pad_tokens < num_tokens or padded < num_seqs or (decode and num_tokens != num_seqs):
             raise ValueError(f"pad_to {pad_to} cannot hold a step of {num_seqs} sequences and {num_tokens} tokens"
                              + (" (a decode bucket needs one token per sequence)" if decode else ""))  # fmt: skip
@@ -219,7 +229,7 @@ class InputBatch:
         width_used, tables_changed = self._tables.update(scheduled)
         waiting: list[tuple[int, Request]] = []  # (input index, request) of pending tokens
         if decode:
-            seq_lens, query_lens = self._fill.decode(scheduled, padded, waiting)
+            seq_lens, query_lens = self._fill.decode(scheduled, padded, waiting, token_ids)
             sampling = [i for i, item in enumerate(scheduled) if item.samples]
             rows = sampling  # one token per row: token index == item index
         else:
@@ -265,6 +275,7 @@ class InputBatch:
             max_seq_len=max_seq_len,
             seq_lens_cpu=seq_lens_cpu,
             query_lens_cpu=query_lens_cpu,
+            num_fresh_keys=self.num_fresh_keys,
         )
         return self._dev64[:t], self._dev64[a : a + t], meta
 

@@ -43,8 +43,9 @@ from engine.request import Request
 from engine.sample_readback import SampleReadback
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
-from engine.spec_verify import verify_step
+from engine.spec_verify import sampler_rows, verify_step, verify_tokens
 from engine.step_timer import StepTimer
+from engine.verify_rows import as_decode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class ModelRunner:
             CPU runs every step at its own size, except "eager" with the Triton kernels (the interpreter).
         tp: the tensor-parallel rank this runner serves (engine/parallel): every rank builds the same runner;
             rank 0's `launch` sends each step's forward to the others (engine/parallel/follower.py runs it there).
+        num_speculative_tokens: k, the most proposed tokens a sequence verifies in a step (0: no speculation).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         step_graphs: str = "off",
         tp: TensorParallel = SINGLE,
+        num_speculative_tokens: int = 0,
     ) -> None:
         if step_graphs not in STEP_GRAPHS:
             raise ValueError(f"step_graphs must be one of {STEP_GRAPHS}, got {step_graphs!r}")
@@ -109,7 +112,9 @@ class ModelRunner:
         self.kv_caches = list(self.kv_cache.unbind(0))  # per layer [2, N, B, Hkv, D]
         width = self.num_blocks if max_model_len is None else -(-max_model_len // block_size)
         self.max_decode_batch = min(max_num_seqs, max_num_batched_tokens)
-        self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device)
+        # a verification step's decode rows store up to k + 1 keys of one sequence before its attention reads them
+        self.inputs = InputBatch(max_num_batched_tokens, max_num_seqs, min(width, self.num_blocks), block_size, device,
+                                 num_fresh_keys=1 + num_speculative_tokens)  # fmt: skip
         self.tp = tp
         self.mirror = StepMirror(tp, self.inputs) if tp.enabled else None
         self.graphs: StepGraphs | None = None
@@ -117,6 +122,7 @@ class ModelRunner:
         self._last_sampled: SampledTokens | None = None  # the last launched step's tokens, on the device
         self._last_read: Callable[[], ModelRunnerOutput] | None = None  # ... and their read on the host
         self.readback = SampleReadback(max_num_seqs, device)
+        self.num_verified_as_rows = 0  # verification steps staged as decode rows (engine/verify_rows.py)
         if step_graphs != "off" and device.type == "cuda":
             self.enable_graphs(capture=step_graphs == "capture")
         elif step_graphs == "eager" and ops.get_kernel_backend() == "triton":
@@ -254,20 +260,29 @@ class ModelRunner:
         clock = self.timer.begin() if self.timer is not None else None
         items = sched.scheduled
         num_tokens = sched.num_scheduled_tokens
-        # a step that verifies proposed tokens is a mixed step (more tokens than sequences): its bucket's graph
-        # that ends at the hidden states runs it, and its k + 1 rows a verifying sequence are sampled outside
+        # a step that verifies proposed tokens runs as decode rows where every item decodes (engine/verify_rows.py),
+        # else as a mixed step (more tokens than sequences) whose k + 1 rows a verifying sequence sample outside
+        # the bucket's graph
         verifies = any(item.proposed_token_ids for item in items)
-        bucket = self.graphs.bucket_for(num_tokens, len(items)) if self.graphs is not None else None
-        step = self.inputs.prepare(items, num_tokens, pad_to=bucket, pending=self._last_sampled)
+        rows = as_decode_rows(items, self.inputs.max_num_seqs) if verifies else None
+        staged = rows.rows if rows is not None else items
+        num_staged = len(staged) if rows is not None else num_tokens
+        bucket = self.graphs.bucket_for(num_staged, len(staged)) if self.graphs is not None else None
+        step = self.inputs.prepare(staged, num_staged, pad_to=bucket, pending=self._last_sampled,
+                                   token_ids=rows.token_ids if rows is not None else None)  # fmt: skip
+        if rows is not None:  # the sampling rows' items, as a mixed step's are
+            self.num_verified_as_rows += 1
+            step.sampling = [rows.item_of_row[row] for row in step.sampling]
         requests = [items[i].request for i in step.sampling]
         greedy = all(map(_is_plain_greedy, requests))
         if clock is not None:
             clock.launching()
         if bucket is not None:
             # the greedy graph's tokens are the sampling rows in order: a mixed bucket gathers them, a decode
-            # bucket takes its first S rows, so there only where every row samples
+            # bucket takes its first S rows, so there only where every row samples (a verifying mixed step has
+            # more rows than its bucket's graph gathers)
             rows_in_order = bucket[0] != bucket[1] or step.logits_rows is None
-            graph_greedy = greedy and bool(requests) and rows_in_order and not verifies
+            graph_greedy = greedy and bool(requests) and rows_in_order and (not verifies or rows is not None)
             if self.mirror is not None:
                 self.mirror.send_step(step, bucket, graph_greedy)
             out = self.graphs.run(bucket, greedy=graph_greedy)
@@ -278,7 +293,11 @@ class ModelRunner:
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         prompt_chunks = step_prompt_logprobs(self.model, out.hidden, items) if prompt_logprobs else []
         if verifies:
-            result = verify_step(self.sampler, self._logits(out, step), items, step.sampling)
+            if out.tokens is not None:
+                rows_seen, order = sampler_rows(items, step.sampling)
+                result = verify_tokens(out.tokens, rows_seen, items, order)
+            else:
+                result = verify_step(self.sampler, self._logits(out, step), items, step.sampling, greedy=greedy)
             result.prompt_logprobs = prompt_chunks
             self._last_sampled = None  # a verifying step is read before the next one is scheduled
             if clock is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import ops
 from engine.launched_step import ModelRunnerOutput
 from engine.request import Logprob, Request
 from engine.sampler import Sampler
@@ -103,7 +104,7 @@ def accept(
 
 
 def verify_step(
-    sampler: Sampler, logits: torch.Tensor, items: list[ScheduledRequest], sampling: list[int]
+    sampler: Sampler, logits: torch.Tensor, items: list[ScheduledRequest], sampling: list[int], *, greedy: bool = False
 ) -> ModelRunnerOutput:
     """The tokens of a step in which some sequences verify proposals, others sample one token as usual.
 
@@ -112,26 +113,62 @@ def verify_step(
         logits: [R, V] the step's sampling rows (k + 1 for a verifying sequence, 1 for another).
         items: the step's scheduled requests.
         sampling: the item index of each row, in order (engine/input_batch.py: StepInputs.sampling).
+        greedy: every row is plain greedy (engine/model_runner.py's word): the greedy kernel chooses.
 
-    NOTE: reads the choices on the host (the step's one sync): acceptance decides how many tokens each
-    request keeps, which the next step's scheduling needs.
+    Rows that ask for logprobs go through the Sampler's torch path (it builds them on the host); the others
+    take the sampling kernels, as a step without speculation does (the same tokens either way).
     """
+    rows, order = sampler_rows(items, sampling)
+    if greedy:
+        return verify_tokens(ops.greedy_sample(logits), rows, items, order)
+    if any(row.sampling_params.logprobs is not None for row in rows):
+        out = sampler(logits, rows)
+        return _kept(items, order, out.token_ids, out.logprobs, out.errors)
+    return verify_tokens(sampler.sample_packed(logits, rows), rows, items, order)
+
+
+def sampler_rows(items: list[ScheduledRequest], sampling: list[int]) -> tuple[list[Request | DraftRow], list[int]]:
+    """(the sampler's view of each row, the item index of each request's first row in row order)."""
     rows: list[Request | DraftRow] = []
-    order: list[int] = []  # item index of each request's first row, in row order
+    order: list[int] = []
     for index in sampling:
         if order and order[-1] == index:
             continue
         order.append(index)
         item = items[index]
         rows.extend(draft_rows(item.request, item.proposed_token_ids) if item.proposed_token_ids else [item.request])
-    out = sampler(logits, rows)
+    return rows, order
+
+
+def verify_tokens(
+    packed: torch.Tensor, rows: list[Request | DraftRow], items: list[ScheduledRequest], order: list[int]
+) -> ModelRunnerOutput:
+    """Acceptance over tokens chosen on the device: packed [2, >= R] int64 (token, 1 where the row's logits were
+    all finite), rows 0..R-1 the step's sampling rows (a graph's greedy output may have padding rows after).
+
+    NOTE: reads the choices on the host (the step's one sync): acceptance decides how many tokens each request
+    keeps, which the next step's scheduling needs."""
+    token_ids, finite = packed[:, : len(rows)].tolist()
+    errors = [None if ok else f"non-finite logits at position {row.num_tokens_with_pending}"
+              for row, ok in zip(rows, finite, strict=True)]  # fmt: skip
+    return _kept(items, order, token_ids, [None] * len(rows), errors)
+
+
+def _kept(
+    items: list[ScheduledRequest],
+    order: list[int],
+    token_ids: list[int],
+    logprobs: list[Logprob | None],
+    errors: list[str | None],
+) -> ModelRunnerOutput:
+    """Each request's kept tokens from its rows' choices, as the step's output."""
     requests, verified = [], []
     row = 0
     for index in order:
         item = items[index]
         n = len(item.proposed_token_ids) + 1
         span = slice(row, row + n)
-        verified.append(accept(item.proposed_token_ids, out.token_ids[span], out.logprobs[span], out.errors[span]))
+        verified.append(accept(item.proposed_token_ids, token_ids[span], logprobs[span], errors[span]))
         requests.append(item.request)
         row += n
     result = ModelRunnerOutput(

@@ -21,7 +21,7 @@ from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledRequest
 from engine.spec_verify import Verified
 
-_RATE_WEIGHT = 0.1  # each verifying step's weight in the recent acceptance rate
+_RATE_WEIGHT = 0.5  # each verifying step's weight in the recent acceptance rate (decision 0069)
 
 
 @dataclass
@@ -91,9 +91,11 @@ class Speculator:
             if tokens:
                 request.proposed_token_ids = tokens
                 proposed.append(request)
-        if not proposed:
+        if candidates and not proposed:
             # a speculating step is synchronous: one that finds nothing to verify gave up async scheduling for
-            # nothing, so it counts as a step of no accepted tokens (text that never repeats turns speculation off)
+            # nothing, so it counts as a step of no accepted tokens (text that never repeats turns speculation off).
+            # A step with no request that could speculate (each at its last token, or in its prefill) says nothing
+            # of the proposer: at weight 0.5 it would turn speculation off for the next request.
             self._update_rate(0.0)
         return proposed
 

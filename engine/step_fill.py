@@ -33,17 +33,24 @@ class StepFill:
         self.block_size = block_size
 
     def decode(
-        self, scheduled: list[ScheduledRequest], padded: int, waiting: list[tuple[int, Request]]
+        self,
+        scheduled: list[ScheduledRequest],
+        padded: int,
+        waiting: list[tuple[int, Request]],
+        token_ids: list[int] | None = None,
     ) -> tuple[list[int], list[int]]:
         """One token per item: ids, positions, slots, seq_lens, query_start_loc, padded to `padded`
-        rows; returns (seq_lens, query_lens) and appends pending tokens to `waiting`."""
+        rows; returns (seq_lens, query_lens) and appends pending tokens to `waiting`.
+
+        token_ids: the rows' input ids where the caller gives them (a verification step's decode rows,
+        engine/verify_rows.py: a proposed token is in no request's tokens); None reads each item's request."""
         bs = self.block_size
         positions = [item.num_computed_tokens for item in scheduled]
         n = len(positions)
         a, sa = align(padded), align(padded + 1)
         np64, np32 = self.np64, self.np32
-        ids = []
-        for i, (item, p) in enumerate(zip(scheduled, positions)):
+        ids = token_ids if token_ids is not None else []
+        for i, (item, p) in enumerate(zip(scheduled, positions) if token_ids is None else ()):
             tokens = item.request.all_token_ids
             if p < len(tokens):
                 ids.append(tokens[p])

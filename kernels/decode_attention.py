@@ -25,8 +25,8 @@ Given `order` (the engine passes one for one-split grids of more than a wave: wa
 the grid is (S * Hkv, 1, P) over the sequences longest context first, each one's KV heads together, so
 that long sequences never start in the last wave; output rows stay in the batch's order.
 With PDL, where programs are few (reads_first_tile_early), each program loads its first
-tile's keys and values before griddepcontrol.wait, all but the newest position's, which this
-step's KV store writes; that row is loaded after the wait (kernels/_pdl.py says why the rest is
+tile's keys and values before griddepcontrol.wait, all but the newest positions' (`fresh_keys`), which
+this step's KV store writes; those rows are loaded after the wait (kernels/_pdl.py says why the rest is
 safe to read early). A split's tiles after its first go through a software-pipelined loop only where
 it has at least PIPELINE_MIN_TILES of them, one by one below (the kernel's NOTE says why).
 NOTE: the counters are kernels._launch.ticket_counters (zero between kernels, one buffer
@@ -107,6 +107,7 @@ def _decode_kernel(
     P_CHUNK: tl.constexpr,
     MERGE_HERE: tl.constexpr,  # the last split merges (else _merge_splits_kernel runs after)
     EARLY_FIRST_TILE: tl.constexpr,  # the first tile's earlier keys loaded before the PDL wait
+    FRESH_KEYS: tl.constexpr,  # the newest positions of a sequence that this step's KV store writes
     ORDERED: tl.constexpr,  # grid (S * Hkv, 1, P) over order_ptr's sequences, KV heads fastest
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -148,14 +149,14 @@ def _decode_kernel(
     first_offsets = first_kpos % PAGE_SIZE
     # NOTE: only where the launcher says (reads_first_tile_early): holding the tile across the wait costs
     # registers, which grids of many programs an SM pay in occupancy.
-    earlier = first_in_seq & (first_kpos < seq_len - 1) & EARLY_FIRST_TILE
+    earlier = first_in_seq & (first_kpos < seq_len - FRESH_KEYS) & EARLY_FIRST_TILE
     k_first = load_kv_tile(k_cache_ptr, first_pages, first_offsets, kv_head, earlier, stride_kn, stride_kb,
                            stride_kh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
     v_first = load_kv_tile(v_cache_ptr, first_pages, first_offsets, kv_head, earlier, stride_vn, stride_vb,
                            stride_vh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE)  # fmt: skip
     pdl_wait(PDL)
-    # NOTE: the newest position's K/V come from this step's KV store (the kernel before): only now.
-    newest = first_in_seq & ((first_kpos == seq_len - 1) | (not EARLY_FIRST_TILE))
+    # NOTE: the newest positions' K/V come from this step's KV store (the kernel before): only now.
+    newest = first_in_seq & ((first_kpos >= seq_len - FRESH_KEYS) | (not EARLY_FIRST_TILE))
     k_first = tl.where(newest[:, None], load_kv_tile(k_cache_ptr, first_pages, first_offsets, kv_head, newest,
                        stride_kn, stride_kb, stride_kh, HEAD_DIM, BLOCK_D, True, DOT_DTYPE), k_first)  # fmt: skip
     v_first = tl.where(newest[:, None], load_kv_tile(v_cache_ptr, first_pages, first_offsets, kv_head, newest,
@@ -270,6 +271,7 @@ def paged_decode_attention(
     merge: str | None = None,
     order: torch.Tensor | None = None,
     window: int | None = None,
+    fresh_keys: int = 1,
 ) -> torch.Tensor:
     """Attention of one query per sequence q [S, Hq, D] over its paged K/V -> new tensor [S, Hq, D].
 
@@ -283,7 +285,13 @@ def paged_decode_attention(
     order: [S] integer, a permutation of the sequences, longest context first (`length_order`): the
     grid takes them in that order, every KV head of a sequence together (wants_length_order says where
     the engine passes it). The output rows stay in the batch's order.
+    fresh_keys: how many of each sequence's newest positions the kernels before this one may have written (its
+    step's KV store), which a program reads only after the PDL wait: 1 for a decode step; 1 + k where a step
+    verifying k proposed tokens runs them as decode rows of one sequence (engine/verify_rows.py), row j's keys
+    L - 1 .. L - 1 + j all stored by that step.
     """
+    if fresh_keys < 1:
+        raise ValueError(f"fresh_keys must be >= 1, got {fresh_keys}")
     check_device(_decode_kernel, "q, k_cache, v_cache, block_tables and seq_lens",
                  q, k_cache, v_cache, block_tables, seq_lens)  # fmt: skip
     check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
@@ -328,7 +336,7 @@ def paged_decode_attention(
         BLOCK_GROUP=triton.next_power_of_2(group), PAGE_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
         BLOCK_P=block_p, P_CHUNK=merge_chunk(triton.next_power_of_2(group), block_d, block_p),
         MERGE_HERE=merge == "last_split",
-        EARLY_FIRST_TILE=reads_first_tile_early(num_seqs, num_kv_heads, num_splits, q.device),
+        EARLY_FIRST_TILE=reads_first_tile_early(num_seqs, num_kv_heads, num_splits, q.device), FRESH_KEYS=fresh_keys,
         ORDERED=order is not None,
         DOT_DTYPE=dot_dtype(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, LOOP_STAGES=config["num_stages"],

@@ -122,7 +122,7 @@ class WorkerSettings(BaseSettings):
         16, ge=1, description="No speculation in a step with more running requests than this."
     )
     speculative_min_acceptance_rate: float = Field(
-        0.1,
+        0.2,
         ge=0,
         le=1,
         description="No speculation while the recent fraction of proposed tokens kept is below this (one step "

@@ -170,9 +170,9 @@ def test_the_policy_and_the_opt_out(tiny_llama_dir: Path) -> None:
     wrong = ReferenceProposer(plain_long, lambda r, i: True)
     engine = with_proposer(make_engine(tiny_llama_dir, speculative=config), wrong)
     assert run_staggered(engine, prompts[:1], long) == plain_long
-    # 39 decode steps: 7 until the recent rate (from 1, weight 0.1) is below 0.5, then one in 4 (the last
-    # steps, with room for one token, propose nothing)
-    assert 7 + (39 - 7) // 4 - 2 <= engine.speculator.stats.num_steps <= 7 + (39 - 7) // 4
+    # 39 decode steps: 2 until the recent rate (from 1, weight 0.5: 0.5, then 0.25) is below 0.5, then one in 4
+    # (the last steps, with room for one token, propose nothing)
+    assert 2 + (39 - 2) // 4 - 2 <= engine.speculator.stats.num_steps <= 2 + (39 - 2) // 4
     assert engine.speculator.recent_acceptance_rate < 0.5
     # a request that opts out never speculates; the others do
     engine = with_proposer(make_engine(tiny_llama_dir, speculative=spec_config()), ReferenceProposer(plain))
@@ -226,8 +226,22 @@ def test_steps_that_propose_nothing_turn_speculation_off() -> None:
         wants.append(speculator.wants_step(1))
         if wants[-1]:
             assert speculator.propose([request]) == []
-    # 0.9 ** 7 < 0.5: seven steps, then one in four
-    assert wants == [True] * 7 + [False, False, False, True] * 3 + [False]
+    # the rate weighs each step by 0.5: 0.5, then 0.25 < 0.5 after two steps, then one in four
+    assert wants == [True] * 2 + [False, False, False, True] * 4 + [False, False]
+
+
+def test_a_step_where_no_request_can_speculate_leaves_the_rate() -> None:
+    """A request at its last token cannot take a proposal: such a step says nothing of the proposer, so the recent
+    rate (which a step of no accepted tokens would halve) stays, and the next request still speculates."""
+    from engine.request import Request, RequestStatus
+    from engine.speculator import Speculator
+
+    request = Request("x", [1, 2, 3, 1, 2], SamplingParams(max_tokens=1), max_num_tokens=6)
+    request.status, request.num_computed_tokens = RequestStatus.RUNNING, 4
+    speculator = Speculator(spec_config(), NgramProposer())
+    for _ in range(3):
+        assert speculator.wants_step(1) and speculator.propose([request]) == []
+    assert speculator.recent_acceptance_rate == 1.0
 
 
 def test_draft_model_itself_and_a_perturbed_copy(tiny_llama_dir: Path, smollm2_dir: Path, tmp_path: Path) -> None:
@@ -262,22 +276,28 @@ def test_packaged_smollm2_as_its_own_draft(smollm2_dir: Path) -> None:
     assert engine.speculator.stats.mean_accepted_length > 3.5
 
 
-def test_verification_steps_run_through_the_mixed_graph_buckets(tiny_llama_dir: Path) -> None:
-    """Verification steps are mixed steps: padded to a mixed bucket over the static buffers its CUDA graph reads
-    (run eagerly here: StepGraphs with capture=False), their k + 1 rows a sequence sampled from the bucket's
-    hidden states; a step where every token samples (more rows than the bucket's sequences) included."""
+def test_verification_steps_run_as_decode_rows_or_through_the_mixed_graph_buckets(tiny_llama_dir: Path) -> None:
+    """A verification step of decodes runs as decode rows (engine/verify_rows.py: k + 1 one-token rows a verifying
+    sequence) padded to a decode bucket, while its rows fit the step's sequences (max_num_seqs); a larger one is a
+    mixed step padded to a mixed bucket, its k + 1 rows a sequence sampled from the bucket's hidden states. Both
+    over the static buffers their CUDA graphs read (run eagerly here: StepGraphs with capture=False), in one run,
+    with the tokens of a run without speculation."""
     from engine.step_timer import StepTimer
 
     prompts = _prompts(seed=8)[:4]
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    plain = run_staggered(make_engine(tiny_llama_dir), prompts, params, [0, 0, 1, 1])
-    engine = make_engine(tiny_llama_dir, max_num_seqs=4, max_num_batched_tokens=64, speculative=spec_config(3))
+    arrivals = [0, 0, 3, 3]  # two sequences alone for a while (8 rows: decode rows), then four (16 rows: mixed)
+    plain = run_staggered(make_engine(tiny_llama_dir), prompts, params, arrivals)
+    engine = make_engine(tiny_llama_dir, max_num_seqs=8, max_num_batched_tokens=64, speculative=spec_config(3))
     engine.runner.enable_graphs(capture=False)
     engine.runner.timer = StepTimer(engine.device)
     with_proposer(engine, ReferenceProposer(plain))
-    assert run_staggered(engine, prompts, params, [0, 0, 1, 1]) == plain
+    assert run_staggered(engine, prompts, params, arrivals) == plain
     verifying = [r for r in engine.runner.timer.records if r.graphed and r.num_tokens > r.num_seqs]
     assert engine.speculator.stats.num_steps > 0
-    assert engine.runner.graphs.num_mixed_replays == len(verifying) >= engine.speculator.stats.num_steps
-    # 4 sequences verifying 3 proposals each: 16 tokens, 16 sampling rows in a (16, 4) bucket
+    as_rows, mixed = engine.runner.num_verified_as_rows, engine.runner.graphs.num_mixed_replays
+    assert as_rows > 0 and mixed > 0
+    assert as_rows + mixed == len(verifying) >= engine.speculator.stats.num_steps
+    # 2 sequences verifying 3 proposals each: 8 decode rows; 4 of them: 16 tokens, 16 sampling rows in a (16, 8) bucket
+    assert any(r.num_tokens == 8 and r.num_seqs == 2 for r in verifying)
     assert any(r.num_tokens == 16 and r.num_seqs == 4 for r in verifying)

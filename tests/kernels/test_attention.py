@@ -346,3 +346,16 @@ def test_attention_rejects_what_it_does_not_support(paged_batch):
     with pytest.raises(ValueError, match="share a dtype"):
         paged_prefill_attention(batch.q.half(), batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
                                 batch.query_start_loc, 3, 0.1)  # fmt: skip
+
+
+@pytest.mark.parametrize("fresh_keys", [1, 5])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_attention_with_fresh_keys_matches_reference(fresh_keys, num_splits, paged_batch):
+    """fresh_keys moves the newest positions' loads after the PDL wait (the early first tile of split grids): the
+    same keys are read either way, over contexts shorter than, inside and past the first tile."""
+    batch = paged_batch([1] * 4, [3, 40, 64, 300], 8, 2, 64, 16, torch.float32)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.125)
+    out = paged_decode_attention(*args, num_splits=num_splits, fresh_keys=fresh_keys)
+    torch.testing.assert_close(out, paged_decode_attention_ref(*args), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="fresh_keys must be >= 1, got 0"):
+        paged_decode_attention(*args, fresh_keys=0)

@@ -101,8 +101,8 @@ def test_kernels_are_compiled_with_the_launch_attribute_only_when_on(pdl_setting
     assert {kernel.metadata.launch_pdl for kernel in compiled} >= {True, False}
 
 
-def _decode_layers(x, layers, batch, cos_sin, positions, slots, num_heads, num_kv_heads, head_dim):
-    """Decode layers of S sequences, one token each, over one pool: qkv projection (cuBLAS), RoPE + KV
+def _decode_layers(x, layers, batch, cos_sin, positions, slots, num_heads, num_kv_heads, head_dim, fresh_keys=1):
+    """Decode layers of S rows, one token each, over one pool: qkv projection (cuBLAS), RoPE + KV
     store of the newest tokens, paged decode attention (launched with PDL after the store), o projection."""
     from kernels.decode_attention import paged_decode_attention
     from kernels.rope_store_kv import rope_store_kv
@@ -116,9 +116,33 @@ def _decode_layers(x, layers, batch, cos_sin, positions, slots, num_heads, num_k
         v = v.reshape(num_seqs, num_kv_heads, head_dim)
         rope_store_kv(q, k, v, positions, cos_sin, batch.k_cache, batch.v_cache, slots)
         out = paged_decode_attention(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
-                                     head_dim**-0.5)  # fmt: skip
+                                     head_dim**-0.5, fresh_keys=fresh_keys)  # fmt: skip
         x = x + out.reshape(num_seqs, -1) @ w_o.T
     return x
+
+
+def _replays_equal_stream_order(pdl_setting, x, args) -> None:
+    """Captures _decode_layers(x, *args) with PDL in a CUDA graph and checks 8 replays over new inputs against the
+    same layers launched without PDL (stream order)."""
+    pdl_setting(True)
+    assert use_pdl(x.device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _decode_layers(x, *args)  # compile and allocate outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = _decode_layers(x, *args)
+    for _ in range(8):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        pdl_setting(False)
+        want = _decode_layers(x, *args)
+        pdl_setting(True)
+        torch.cuda.synchronize()
+        assert torch.isfinite(want).all() and torch.equal(out, want)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
@@ -148,23 +172,37 @@ def test_decode_attention_reads_the_newest_kv_only_after_its_wait(pdl_setting, p
     args = (layers, batch, cos_sin_cache(head_dim, "cuda"), positions, slots, num_heads, num_kv_heads,
             head_dim)  # fmt: skip
 
-    pdl_setting(True)
-    assert use_pdl(x.device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _decode_layers(x, *args)  # compile and allocate outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = _decode_layers(x, *args)
+    _replays_equal_stream_order(pdl_setting, x, args)
 
-    for _ in range(8):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        pdl_setting(False)
-        want = _decode_layers(x, *args)
-        pdl_setting(True)
-        torch.cuda.synchronize()
-        assert torch.isfinite(want).all() and torch.equal(out, want)
+
+@pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+@pytest.mark.parametrize("context", [60, 126, 640])
+def test_decode_rows_of_one_sequence_read_every_key_of_their_step_only_after_the_wait(pdl_setting, paged_batch,
+                                                                                      context):  # fmt: skip
+    """A verification step as decode rows (engine/verify_rows.py): rows 0..R-1 of one sequence at positions
+    L..L+R-1 over one block table, each layer storing all R keys before the attention reads them; row j reads
+    keys L..L+j of this step, so the attention (fresh_keys=R) must load every one of them after its wait. The
+    contexts put the new keys inside one tile, across a tile's end, and in a long split."""
+    from tests.kernels.test_rope import cos_sin_cache
+
+    torch.manual_seed(1)
+    num_heads, num_kv_heads, head_dim, hidden, block_size, rows = 32, 8, 64, 2048, 64, 5
+    batch = paged_batch([1] * rows, [context + rows] * rows, num_heads, num_kv_heads, head_dim, block_size,
+                        torch.bfloat16)  # fmt: skip
+    batch.block_tables[1:] = batch.block_tables[0]  # every row is the same sequence
+    batch.seq_lens.copy_(torch.arange(context + 1, context + rows + 1, device="cuda", dtype=batch.seq_lens.dtype))
+    layers = [
+        (
+            (torch.randn((num_heads + 2 * num_kv_heads) * head_dim, hidden, device="cuda") / hidden**0.5).bfloat16(),
+            (torch.randn(hidden, num_heads * head_dim, device="cuda") / hidden**0.5).bfloat16(),
+        )
+        for _ in range(6)
+    ]
+    positions = torch.arange(context, context + rows, device="cuda")
+    table = batch.block_tables[0].long()
+    slots = table[positions // block_size] * block_size + positions % block_size
+    x = torch.randn(rows, hidden, device="cuda").bfloat16()
+    args = (layers, batch, cos_sin_cache(head_dim, "cuda"), positions, slots, num_heads, num_kv_heads, head_dim,
+            rows)  # fmt: skip
+
+    _replays_equal_stream_order(pdl_setting, x, args)
