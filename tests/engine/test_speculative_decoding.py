@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.proposers import NgramProposer
 from engine.sampling_params import SamplingParams
@@ -266,14 +267,41 @@ def test_draft_model_itself_and_a_perturbed_copy(tiny_llama_dir: Path, smollm2_d
         assert (rate == 1.0) if kept == 1.0 else (rate < kept), (draft, stats)
 
 
-def test_packaged_smollm2_as_its_own_draft(smollm2_dir: Path) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=16)
+def test_packaged_smollm2_with_itself_and_a_perturbed_copy_as_drafts(smollm2_dir: Path, tmp_path: Path) -> None:
+    """The packaged SmolLM2 (real weights) drafted by itself keeps nearly every proposal; drafted by a copy whose
+    weights carry noise it keeps some and rejects others. Its tokens are those without speculation either way."""
+    params = SamplingParams(temperature=0.0, max_tokens=24)
     plain_engine = make_engine(smollm2_dir)
     prompt = plain_engine.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
     plain = run_staggered(plain_engine, [prompt], params)
-    engine = make_engine(smollm2_dir, speculative=spec_config(4, method="draft", draft_model=str(smollm2_dir)))
-    assert run_staggered(engine, [prompt], params) == plain
-    assert engine.speculator.stats.mean_accepted_length > 3.5
+    perturbed = _perturbed_copy(smollm2_dir, tmp_path / "perturbed", scale=0.05)
+    for draft in (smollm2_dir, perturbed):
+        engine = make_engine(smollm2_dir, speculative=spec_config(4, method="draft", draft_model=str(draft)))
+        assert run_staggered(engine, [prompt], params) == plain
+        stats = engine.speculator.stats
+        if draft == smollm2_dir:
+            assert stats.mean_accepted_length > 3.5
+        else:
+            assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+
+
+def _perturbed_copy(model_dir: Path, out: Path, scale: float) -> Path:
+    """A copy of a checkpoint directory whose floating weights carry Gaussian noise of `scale` times each tensor's
+    standard deviation (seeded)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out)
+    generator = torch.Generator().manual_seed(0)
+    for path in out.glob("*.safetensors"):
+        tensors = load_file(path)
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point() and tensor.numel() > 1:
+                noise = torch.randn(tensor.shape, generator=generator) * tensor.float().std() * scale
+                tensors[name] = (tensor.float() + noise).to(tensor.dtype)
+        save_file(tensors, path, metadata={"format": "pt"})
+    return out
 
 
 def test_verification_steps_run_as_decode_rows_or_through_the_mixed_graph_buckets(tiny_llama_dir: Path) -> None:
