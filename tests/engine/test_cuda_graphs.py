@@ -208,8 +208,8 @@ def record_steps(engine) -> list[tuple[tuple[int, int] | None, int]]:
     steps = []
     prepare = engine.runner.inputs.prepare
 
-    def recording(scheduled, num_tokens, pad_to=None, pending=None):
-        step = prepare(scheduled, num_tokens, pad_to, pending)
+    def recording(scheduled, num_tokens, pad_to=None, pending=None, token_ids=None):
+        step = prepare(scheduled, num_tokens, pad_to, pending, token_ids)
         steps.append((pad_to, len(step.sampling)))
         return step
 
