@@ -110,12 +110,15 @@ def test_nothing_a_kernel_of_the_step_writes_is_touched_before_the_wait(module, 
                 pointers = set().union(*(_pointer_roots(a, aliases) for a in node.args))
                 assert pointers <= READABLE_BEFORE_WAIT, f"{where} reads {sorted(pointers)}"
             elif called == "load_kv_tile":
-                # decode attention's first tile: positions before the newest, which earlier steps stored
+                # decode attention's first tile: positions before the step's fresh keys (its newest, and a verification
+                # step's decode rows' k more: engine/verify_rows.py), which earlier steps stored
                 pool = _pointer_roots(node.args[0], aliases)
                 assert pool <= POOL_POINTERS, f"{where} reads {sorted(pool)}"
                 mask = node.args[4]
                 assert isinstance(mask, ast.Name) and mask.id == "earlier", f"{where}: its key mask must be `earlier`"
-                assert "seq_len - 1" in assignments.get("earlier", ""), f"{name}: `earlier` must stop before the newest"
+                assert "first_kpos < seq_len - FRESH_KEYS" in assignments.get("earlier", ""), (
+                    f"{name}: `earlier` must stop before the step's fresh keys"
+                )
             else:
                 assert called in SAFE_CALLS, where
                 if called == "load":
