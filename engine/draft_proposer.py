@@ -172,6 +172,7 @@ def build_draft_proposer(
             f"{target_vocab_size}: a draft must share the model's tokenizer"
         )
     num_kv_tokens = spec.draft_num_kv_tokens or (config.cache.num_kv_tokens or DEFAULT_CPU_KV_TOKENS)
-    runner = build_model_runner(config, loaded.model, device, dtype, max_model_len, num_kv_tokens=num_kv_tokens)
+    runner = build_model_runner(config, loaded.model, device, dtype, max_model_len, num_kv_tokens=num_kv_tokens,
+                                draft=True)  # fmt: skip
     logger.info("draft model %s: KV pool of %d tokens", loaded.model_dir, runner.num_blocks * config.cache.block_size)
     return DraftProposer(runner, target_vocab_size, sched.max_num_batched_tokens, sched.max_num_seqs)

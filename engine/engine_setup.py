@@ -24,11 +24,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_model_runner(
     config: EngineConfig, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, max_model_len: int,
-    tp: TensorParallel = SINGLE, num_kv_tokens: int | None = None,
+    tp: TensorParallel = SINGLE, num_kv_tokens: int | None = None, draft: bool = False,
 ) -> ModelRunner:  # fmt: skip
     """The engine's ModelRunner; every rank of a tensor-parallel group builds it from the same config, and a draft
-    model's the same way with its own pool size (`num_kv_tokens`, else the config's)."""
+    model's the same way with its own pool size (`num_kv_tokens`, else the config's) and no verification steps
+    (`draft`: its runner only decodes, so its decode attention has one fresh key a row)."""
     sched = config.scheduler
+    verifies = config.speculative.method is not None and not draft
     return ModelRunner(
         model,
         device,
@@ -41,7 +43,7 @@ def build_model_runner(
         max_model_len=max_model_len,
         step_graphs=step_graphs(config),
         tp=tp,
-        num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative.method else 0,
+        num_speculative_tokens=config.speculative.num_speculative_tokens if verifies else 0,
     )
 
 

@@ -43,7 +43,7 @@ from engine.request import Request
 from engine.sample_readback import SampleReadback
 from engine.sampler import Sampler, only_chooses
 from engine.scheduler import SchedulerOutput
-from engine.spec_verify import sampler_rows, verify_step, verify_tokens
+from engine.spec_verify import verify_chosen, verify_step
 from engine.step_timer import StepTimer
 from engine.verify_rows import as_decode_rows
 
@@ -293,9 +293,8 @@ class ModelRunner:
         on_done = timer_hook(self.timer, clock, len(items), num_tokens, bucket is not None, sum(step.meta.seq_lens_cpu))
         prompt_chunks = step_prompt_logprobs(self.model, out.hidden, items) if prompt_logprobs else []
         if verifies:
-            if out.tokens is not None:
-                rows_seen, order = sampler_rows(items, step.sampling)
-                result = verify_tokens(out.tokens, rows_seen, items, order)
+            if out.tokens is not None:  # decode rows, every one plain greedy: the graph chose them
+                result = verify_chosen(out.tokens, items, step.sampling)
             else:
                 result = verify_step(self.sampler, self._logits(out, step), items, step.sampling, greedy=greedy)
             result.prompt_logprobs = prompt_chunks

@@ -118,16 +118,24 @@ def verify_step(
     Rows that ask for logprobs go through the Sampler's torch path (it builds them on the host); the others
     take the sampling kernels, as a step without speculation does (the same tokens either way).
     """
-    rows, order = sampler_rows(items, sampling)
+    rows, order = _sampler_rows(items, sampling)
     if greedy:
-        return verify_tokens(ops.greedy_sample(logits), rows, items, order)
+        return _kept_choices(ops.greedy_sample(logits), rows, items, order)
     if any(row.sampling_params.logprobs is not None for row in rows):
         out = sampler(logits, rows)
         return _kept(items, order, out.token_ids, out.logprobs, out.errors)
-    return verify_tokens(sampler.sample_packed(logits, rows), rows, items, order)
+    return _kept_choices(sampler.sample_packed(logits, rows), rows, items, order)
 
 
-def sampler_rows(items: list[ScheduledRequest], sampling: list[int]) -> tuple[list[Request | DraftRow], list[int]]:
+def verify_chosen(chosen: torch.Tensor, items: list[ScheduledRequest], sampling: list[int]) -> ModelRunnerOutput:
+    """verify_step's outcome where the step's CUDA graph already chose every row greedily: chosen [2, >= R] int64
+    (token, 1 where the row's logits were all finite), rows 0..R-1 the step's sampling rows in order (padding rows
+    after them)."""
+    rows, order = _sampler_rows(items, sampling)
+    return _kept_choices(chosen, rows, items, order)
+
+
+def _sampler_rows(items: list[ScheduledRequest], sampling: list[int]) -> tuple[list[Request | DraftRow], list[int]]:
     """(the sampler's view of each row, the item index of each request's first row in row order)."""
     rows: list[Request | DraftRow] = []
     order: list[int] = []
@@ -140,11 +148,11 @@ def sampler_rows(items: list[ScheduledRequest], sampling: list[int]) -> tuple[li
     return rows, order
 
 
-def verify_tokens(
+def _kept_choices(
     packed: torch.Tensor, rows: list[Request | DraftRow], items: list[ScheduledRequest], order: list[int]
 ) -> ModelRunnerOutput:
     """Acceptance over tokens chosen on the device: packed [2, >= R] int64 (token, 1 where the row's logits were
-    all finite), rows 0..R-1 the step's sampling rows (a graph's greedy output may have padding rows after).
+    all finite), rows 0..R-1 the step's sampling rows.
 
     NOTE: reads the choices on the host (the step's one sync): acceptance decides how many tokens each request
     keeps, which the next step's scheduling needs."""

@@ -261,6 +261,8 @@ def test_draft_model_itself_and_a_perturbed_copy(tiny_llama_dir: Path, smollm2_d
     for draft, kept in ((tiny_llama_dir, 1.0), (other, 0.2)):
         config = spec_config(4, method="draft", draft_model=str(draft), draft_num_kv_tokens=160)
         engine = make_engine(tiny_llama_dir, speculative=config)
+        # the model's decode rows store k + 1 keys a step before reading them; the draft only decodes
+        assert (engine.runner.inputs.num_fresh_keys, engine.speculator.proposer.runner.inputs.num_fresh_keys) == (5, 1)
         assert run_staggered(engine, prompts, params, [0, 0, 1, 2, 3]) == plain
         stats = engine.speculator.stats
         rate = stats.num_accepted_tokens / stats.num_draft_tokens
