@@ -169,12 +169,46 @@ def _moe_variants(pdl: dict, on: dict) -> list[Variant]:
     ]  # fmt: skip
 
 
+def _quant_gemv_variants(pdl: dict, on: dict) -> list[Variant]:
+    """The one-token quantized GEMV (kernels/quant_gemv.py) at its GPU tiles: codes as words (int4, int8, nf4)
+    with bf16 x as pairs, fp8 codes one by one; K a multiple of the step (the Llama shapes)."""
+    from kernels.quant_gemv import FP8, INT4, INT8, NF4, WHOLE_ROW, gemv_tiles
+
+    words = {"w_ptr": "*i32", "x_ptr": "*i32"}
+    fp8 = {"w_ptr": "*fp8e4nv", "x_ptr": "*fp8e4nv"}
+    common = dict(W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0, X_PAIRS=1, EVEN_K=True, **pdl)
+    formats = {  # name: (FORMAT, constexprs, pointer types)
+        "int4 g128 zeros": (INT4, dict(W_SCALE=1, HAS_ZEROS=True, PER=8, PACKED=True, SCALE_W=128), words),
+        "int4 g128": (INT4, dict(W_SCALE=1, PER=8, PACKED=True, SCALE_W=128), words),
+        "int8 per channel": (INT8, dict(W_SCALE=2, PER=4, PACKED=True, SCALE_W=WHOLE_ROW), words),
+        "nf4": (NF4, dict(W_SCALE=1, PER=8, PACKED=True, SCALE_W=64), words),
+        "fp8 blocks": (
+            FP8,
+            dict(W_SCALE=1, W_ROW_DIV=128, X_SCALE=1, X_PAIRS=0, PER=8, PACKED=False, SCALE_W=128),
+            fp8,
+        ),
+        "fp8 per channel": (FP8, dict(W_SCALE=2, X_SCALE=2, X_PAIRS=0, PER=8, PACKED=False, SCALE_W=WHOLE_ROW), fp8),
+    }
+    scales = {"xs_ptr": "*fp32", "ws_ptr": "*fp32", "wz_ptr": "*u8", "codebook_ptr": "*fp32"}
+    variants = []
+    for name, (fmt, constexprs, pointers) in formats.items():
+        tile = gemv_tiles(fmt, on_gpu=True)
+        options = {"num_warps": tile.pop("num_warps"), "num_stages": 1, **on}
+        constexprs = {**common, "FORMAT": fmt, **constexprs, **tile}
+        sizes = ("N", "K", "stride_w")
+        variants.append(Variant("quant_gemv", "_quant_gemv_kernel", constexprs, options, f"{name}, 1 token", sizes,
+                                {**scales, **pointers}))  # fmt: skip
+    return variants
+
+
 def _quant_variants(pdl: dict, on: dict) -> list[Variant]:
-    """The quantized GEMM (kernels/quant_gemm.py) at the launcher's GPU tiles of one token, 16 and 64 tokens
-    (streaming) and 256 (tensor cores), per format; the FP8 activation quantization."""
+    """The one-token quantized GEMV (_quant_gemv_variants); the quantized GEMM (kernels/quant_gemm.py) at the
+    launcher's GPU tiles of 16 and 64 tokens (streaming) and 256 (tensor cores), per format; the FP8
+    activation quantization."""
     import triton.language as tl
 
-    from kernels.quant_gemm import DENSE, FP8, INT4, INT8, NF4, PER_CHANNEL_GROUP, default_tiles
+    from kernels.quant_gemm import PER_CHANNEL_GROUP, default_tiles
+    from kernels.quant_gemv import DENSE, FP8, INT4, INT8, NF4
 
     sizes = ("N", "K", "stride_x", "stride_w", "stride_y")
     scales = {"xs_ptr": "*fp32", "ws_ptr": "*fp32", "wz_ptr": "*u8", "codebook_ptr": "*fp32"}
@@ -206,9 +240,9 @@ def _quant_variants(pdl: dict, on: dict) -> list[Variant]:
         ),
         "bf16": (DENSE, dict(W_SCALE=0, W_GROUP=1, W_ROW_DIV=1, HAS_ZEROS=False, X_SCALE=0), {}, False),
     }
-    variants = []
+    variants = _quant_gemv_variants(pdl, on)
     for name, (fmt, constexprs, pointers, chunked) in formats.items():
-        for tokens in (1, 16, 64, 256):
+        for tokens in (16, 64, 256):
             tile = default_tiles(fmt, tokens, chunked, on_gpu=True)
             options = {"num_warps": tile.pop("num_warps"), "num_stages": tile.pop("num_stages"), **on}
             group = constexprs["W_GROUP"]

@@ -124,6 +124,8 @@ def measure_projection(bench, proj: Projection, tokens, formats, ceilings: dict)
         for num_tokens in tokens:
             x = torch.randn(num_tokens, proj.num_in, device=bench.device).to(dtype)
             inputs = [(x, w) for w in copies]
+            # progress before each case: a device fault is reported late, at a later sync
+            print(f"{proj.model} {proj.name} {fmt} {num_tokens} tokens", flush=True)
             ms, how = bench.measure(lambda x, w, matmul=matmul: matmul(x, **w), inputs, True)
             nbytes = nbytes_w + (num_tokens * proj.num_in + num_tokens * proj.num_out) * x.element_size()
             flops = 2 * num_tokens * proj.num_out * proj.num_in

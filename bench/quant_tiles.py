@@ -29,14 +29,16 @@ FORMAT_IDS = {"bf16": 0, "int8": 1, "int4": 2, "nf4": 3, "fp8_block": 4, "fp8_ch
 def candidates(fmt: str, num_tokens: int, on_gpu: bool) -> list[dict]:
     """The default tile first, then one change at a time (and two pairs) around it."""
     from kernels.quant_gemm import default_tiles
+    from kernels.quant_gemv import gemv_tiles
 
-    base = default_tiles(FORMAT_IDS[fmt], num_tokens, fmt == "fp8_block", on_gpu)
-    k_fixed = fmt == "fp8_block" and base["BLOCK_M"] > 1  # the fp8 dot's chunk is its scales' 128 columns
-    if base["BLOCK_M"] == 1:
+    if num_tokens == 1:  # kernels/quant_gemv.py
+        base = gemv_tiles(FORMAT_IDS[fmt], on_gpu)
         changes = [{"BLOCK_N": 2}, {"BLOCK_N": 8}, {"num_warps": 4}, {"BLOCK_N": 8, "num_warps": 4},
-                   {"BLOCK_K": base["BLOCK_K"] // 2}, {"BLOCK_K": base["BLOCK_K"] * 2},
-                   {"BLOCK_N": 2, "BLOCK_K": base["BLOCK_K"] * 2}]  # fmt: skip
+                   {"CHUNK": base["CHUNK"] // 2}, {"CHUNK": base["CHUNK"] * 2},
+                   {"BLOCK_N": 2, "CHUNK": base["CHUNK"] * 2}]  # fmt: skip
     else:
+        base = default_tiles(FORMAT_IDS[fmt], num_tokens, fmt == "fp8_block", on_gpu)
+        k_fixed = fmt == "fp8_block"  # the fp8 dot's chunk is its scales' 128 columns
         changes = [{"BLOCK_N": 32}, {"BLOCK_N": 64}, {"num_warps": 12 - base["num_warps"]}, {"num_stages": 2},
                    {"num_stages": 4}, {"BLOCK_N": 32, "num_warps": 8}]  # fmt: skip
         if not k_fixed:
@@ -44,7 +46,7 @@ def candidates(fmt: str, num_tokens: int, on_gpu: bool) -> list[dict]:
     tiles = [base] + [{**base, **c} for c in changes]
     unique = []
     for tile in tiles:
-        if tile not in unique and tile["BLOCK_K"] >= 64:
+        if tile not in unique and tile.get("BLOCK_K", tile.get("CHUNK")) >= 64:
             unique.append(tile)
     return unique
 
@@ -84,8 +86,10 @@ def measure_case(bench, proj, fmt: str, num_tokens: int, ceilings: dict) -> list
 
 
 def tile_name(tile: dict) -> str:
-    """BLOCK_N, BLOCK_K, warps and stages in a few characters (BLOCK_M follows the token count)."""
-    return f"N{tile['BLOCK_N']} K{tile['BLOCK_K']} w{tile['num_warps']} s{tile['num_stages']}"
+    """BLOCK_N, BLOCK_K (one token: CHUNK), warps and stages in a few characters (BLOCK_M follows the token
+    count)."""
+    stages = f" s{tile['num_stages']}" if "num_stages" in tile else ""
+    return f"N{tile['BLOCK_N']} K{tile.get('BLOCK_K', tile.get('CHUNK'))} w{tile['num_warps']}{stages}"
 
 
 def markdown(results: dict) -> str:

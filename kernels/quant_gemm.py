@@ -12,14 +12,12 @@ as fp8 on the tensor cores, block scales applied to each 128-wide chunk's fp32 p
 
 Kernel: a program owns a Bm x Bn tile of y and walks K in Bk chunks: it loads the chunk's codes [Bn, Bk]
 (4-bit formats: [Bn, Bk / 2] bytes), the chunk's scales [Bn, Bk / G] (one column where G >= Bk), and
-dequantizes; then either
-- Bm = 1 (one token): multiplies by x's chunk in fp32 and sums once after the loop, as kernels/gemv.py
-  does (no tensor-core padding of one row to sixteen); the next chunk's codes are in flight meanwhile, or
-- Bm >= 16: tl.dot of x's chunk [Bm, Bk] with the chunk's transpose.
-The same kernel is the weight-streaming GEMM for 1..64 tokens (Bm covers every token, so each weight
+dequantizes; then tl.dot of x's chunk [Bm, Bk] (Bm >= 16) with the chunk's transpose. One token takes
+kernels/quant_gemv.py instead (launch_quant_gemm hands it over).
+The same kernel is the weight-streaming GEMM for 2..64 tokens (Bm covers every token, so each weight
 byte is read once, and Bn is small so the grid spreads over the SMs) and the tensor-core GEMM for larger
 steps (128 x 128 tiles, programs grouped GROUP_M row blocks a column so weight tiles are reused from L2).
-4-bit bytes: at 1..64 tokens the low nibbles multiply x's even columns and the high nibbles its odd ones
+4-bit bytes: at 2..64 tokens the low nibbles multiply x's even columns and the high nibbles its odd ones
 (SPLIT_NIBBLES: no interleave, which costs a pass of the dequantized chunk through shared memory); the
 tensor-core tiles interleave them back, so that x's columns stay contiguous for the pipelined loads.
 Scales that vary along K are applied per chunk; per-channel and per-tensor weight scales and per-token or
@@ -34,8 +32,8 @@ import triton.language as tl
 
 from kernels._launch import dot_dtype, dot_precision, interpreting
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
+from kernels.quant_gemv import FP8, INT4, NF4, launch_quant_gemv
 
-DENSE, INT8, INT4, NF4, FP8 = 0, 1, 2, 3, 4
 # where a scale is applied: nowhere, to each K chunk (varies along K), or once to the accumulator
 NO_SCALE, CHUNK_SCALE, END_SCALE = 0, 1, 2
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_NIBBLES", "num_warps", "num_stages")
@@ -75,35 +73,35 @@ def _scale_chunk(
 
 @triton.jit
 def _nibbles(b, codebook_ptr, FORMAT: tl.constexpr):
-    """Codes of 4 bits -> fp32: the int4 code itself, or nf4's codebook value (an L1-resident 64-byte table)."""
+    """Codes of 4 bits -> fp32: the int4 code itself, or nf4's codebook value, chosen among the 16 by selects.
+
+    NOTE: not a gather from the table: on the H200 the 64-token streaming tile (4 warps, loads pipelined into
+    the dot) gathered from addresses outside it (an illegal memory access, 2026-11-29); a select reads no memory
+    a code."""
     if FORMAT == 3:
-        return tl.load(codebook_ptr + b.to(tl.int32))
+        idx = b.to(tl.int32)
+        values = tl.zeros(b.shape, dtype=tl.float32) + tl.load(codebook_ptr)
+        for i in tl.static_range(1, 16):
+            values = tl.where(idx == i, tl.load(codebook_ptr + i), values)
+        return values
     return b.to(tl.float32)
 
 
 @triton.jit
 def _x_chunk(x_rows, xs_ptr, m, m_mask, n, k, K, stride_xs, k0, SCALE_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
              X_SCALE: tl.constexpr, X_WIDE: tl.constexpr):  # fmt: skip
-    """x's columns k (a [WIDTH] vector): one token in the weight tile's layout, [Bn, WIDTH] fp32 (each row
-    reads the same addresses, L1 hits: no layout change, kernels/gemv.py); else [Bm, WIDTH] as stored.
-    X_WIDE: fp32 with fp8's per-128 activation scales applied (SCALE_COLS groups along the chunk)."""
-    if BLOCK_M == 1:
-        xk = tl.load(x_rows + k[None, :] + 0 * n[:, None], mask=m_mask & (k < K)[None, :], other=0.0)
-    else:
-        xk = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+    """x's columns k (a [WIDTH] vector): [Bm, WIDTH] as stored. X_WIDE: fp32 with fp8's per-128 activation
+    scales applied (SCALE_COLS groups along the chunk)."""
+    xk = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
     if X_WIDE:
         xk = xk.to(tl.float32)
         if X_SCALE == 1:
             cols = k0 // 128 + tl.arange(0, SCALE_COLS)
             rows: tl.constexpr = xk.shape[0]
             width: tl.constexpr = xk.shape[1]
-            if BLOCK_M == 1:
-                xs = tl.load(xs_ptr + m * stride_xs + cols, mask=m_mask & (cols < tl.cdiv(K, 128)), other=0.0)
-                x3 = tl.reshape(xk, (rows, SCALE_COLS, width // SCALE_COLS)) * xs[None, :, None]
-            else:
-                xs_mask = m_mask[:, None] & (cols < tl.cdiv(K, 128))[None, :]
-                xs = tl.load(xs_ptr + m[:, None] * stride_xs + cols[None, :], mask=xs_mask, other=0.0)
-                x3 = tl.reshape(xk, (rows, SCALE_COLS, width // SCALE_COLS)) * xs[:, :, None]
+            xs_mask = m_mask[:, None] & (cols < tl.cdiv(K, 128))[None, :]
+            xs = tl.load(xs_ptr + m[:, None] * stride_xs + cols[None, :], mask=xs_mask, other=0.0)
+            x3 = tl.reshape(xk, (rows, SCALE_COLS, width // SCALE_COLS)) * xs[:, :, None]
             xk = tl.reshape(x3, (rows, width))
     return xk
 
@@ -165,26 +163,13 @@ def _quant_gemm_kernel(
     PACK: tl.constexpr = 2 if FOUR_BIT else 1  # codes a stored element
     X_WIDE: tl.constexpr = FORMAT == 4 and not DOT_FP8  # fp8 x widened to fp32 (its scales applied)
     HALF: tl.constexpr = BLOCK_K // 2
-    if BLOCK_M == 1:
-        # one token: the first chunk's codes load before the wait for the kernel before (kernels/_pdl.py), and
-        # each step issues the next chunk's before it computes (one chunk in flight, as kernels/gemv.py)
-        kc = tl.arange(0, BLOCK_K // PACK)
-        codes_next = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
     pdl_wait(PDL)  # x and its scales are the kernels' before
 
-    if BLOCK_M == 1:
-        acc_k = tl.zeros((BLOCK_N, HALF if SPLIT_NIBBLES else BLOCK_K), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         # the chunk's stored codes: [Bn, Bk] (dense, int8, fp8) or bytes [Bn, Bk / 2] (4-bit), 0 past K
-        kc = (k0 + BLOCK_K) // PACK + tl.arange(0, BLOCK_K // PACK)
-        if BLOCK_M == 1:
-            codes = codes_next
-            codes_next = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
-        else:
-            kc -= BLOCK_K // PACK
-            codes = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
+        kc = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+        codes = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & (kc < K // PACK)[None, :], other=0.0)
         if SPLIT_NIBBLES:
             # byte j of the chunk holds columns k0 + 2j (low nibble) and k0 + 2j + 1 (high): the low nibbles
             # multiply x's even columns and the high ones its odd columns, so the bytes stay in the layout
@@ -196,20 +181,10 @@ def _quant_gemm_kernel(
                               SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
             hi = _scale_chunk(hi, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
                               SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
-            if BLOCK_M == 1:
-                # x's even and odd columns as rows broadcast over the tile: moved into the nibbles' layout
-                # (4 bytes a column through shared memory), where a tile like the weights' would move the
-                # dequantized nibbles instead (4 bytes a weight)
-                k_even = k0 + 2 * j
-                x_row = x_ptr + pid_m.to(tl.int64) * stride_x  # one token: pid_m < M
-                x_even = tl.load(x_row + k_even, mask=k_even < K, other=0.0).to(tl.float32)
-                x_odd = tl.load(x_row + k_even + 1, mask=k_even + 1 < K, other=0.0).to(tl.float32)
-                acc_k += lo * x_even[None, :] + hi * x_odd[None, :]
-            else:
-                x_even = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j, K, 0, k0, 1, BLOCK_M, 0, False)
-                x_odd = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j + 1, K, 0, k0, 1, BLOCK_M, 0, False)
-                acc = tl.dot(x_even.to(DOT_DTYPE), tl.trans(lo.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
-                acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(hi.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
+            x_even = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j, K, 0, k0, 1, BLOCK_M, 0, False)
+            x_odd = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j + 1, K, 0, k0, 1, BLOCK_M, 0, False)
+            acc = tl.dot(x_even.to(DOT_DTYPE), tl.trans(lo.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(hi.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
         else:
             k = k0 + tl.arange(0, BLOCK_K)
             if FOUR_BIT:  # bytes interleaved back into [Bn, Bk] (the tensor-core tiles)
@@ -223,9 +198,7 @@ def _quant_gemm_kernel(
                                  SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, BLOCK_K)  # fmt: skip
             xk = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k, K, stride_xs, k0, SCALES_PER_CHUNK, BLOCK_M, X_SCALE,
                           X_WIDE)  # fmt: skip
-            if BLOCK_M == 1:
-                acc_k += w * xk.to(tl.float32)
-            elif DOT_FP8:  # one 128-wide chunk: its scales multiply the chunk's product
+            if DOT_FP8:  # one 128-wide chunk: its scales multiply the chunk's product
                 # NOTE: sm_90 accumulates fp8 products in reduced precision unless told to promote: at most one
                 # chunk's products accumulate so, also where `acc += part` becomes the dot's own accumulator
                 part = tl.dot(xk, tl.trans(w), max_num_imprecise_acc=BLOCK_K)
@@ -237,8 +210,6 @@ def _quant_gemm_kernel(
                 acc += part
             else:
                 acc = tl.dot(xk.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
-    if BLOCK_M == 1:
-        acc = tl.reshape(tl.sum(acc_k, axis=1), (1, BLOCK_N))
     if W_SCALE == 2:
         acc = acc * tl.reshape(tl.load(ws_rows, mask=n_mask[:, None], other=0.0), (1, BLOCK_N))
     if X_SCALE == 2:
@@ -251,17 +222,14 @@ def default_tiles(fmt: int, num_tokens: int, fp8_chunked: bool, on_gpu: bool) ->
     """The tile for `num_tokens` rows of x in format `fmt` (fp8_chunked: fp8 whose scales vary along K, per
     128 columns, which fixes an fp8 tl.dot's chunk at 128).
 
-    One token: 4 rows a program reading 1 KB of codes a row a step (gemv's shape). 2..64 tokens: every
-    token in one row block (Bm the next power of two, at least tl.dot's 16) over 16 weight rows, so an N of
-    2048 still gives 128 programs, and 8192 elements of x a chunk. Both split 4-bit bytes into their low and
+    2..64 tokens (one token takes kernels/quant_gemv.py's tiles): every token in one row block (Bm the next
+    power of two, at least tl.dot's 16) over 16 weight rows, so an N of 2048 still gives 128 programs, and
+    8192 elements of x a chunk. They split 4-bit bytes into their low and
     high nibbles against x's even and odd columns (SPLIT_NIBBLES). Larger: 128 x 128 tensor-core tiles (64
     rows of x up to 128 tokens), 4-bit bytes interleaved back (x's columns contiguous for the pipelined
     loads). The interpreter takes small tiles (CPU time grows with the tile)."""
     four_bit = fmt in (INT4, NF4)
-    if num_tokens == 1:
-        tile = dict(BLOCK_M=1, BLOCK_N=4, BLOCK_K=2048 if four_bit else 1024 if fmt != DENSE else 512, num_warps=8)
-        tile.update(GROUP_M=1, num_stages=1)
-    elif num_tokens <= STREAMING_MAX_TOKENS:
+    if num_tokens <= STREAMING_MAX_TOKENS:
         block_m = max(16, triton.next_power_of_2(num_tokens))
         # x's chunk [Bm, Bk] stays at 8192 elements (registers and three stages of shared memory); nf4's
         # codebook lookups spill at 512 columns (bench/compile_check.py)
@@ -278,7 +246,7 @@ def default_tiles(fmt: int, num_tokens: int, fp8_chunked: bool, on_gpu: bool) ->
             BLOCK_N=min(tile["BLOCK_N"], 16), BLOCK_K=min(tile["BLOCK_K"], 64), BLOCK_M=min(tile["BLOCK_M"], 16)
         )
         tile.update(num_stages=1)
-    if fp8_chunked and (tile["BLOCK_M"] > 1 or not on_gpu):
+    if fp8_chunked:
         tile["BLOCK_K"] = FP8_SCALE_BLOCK
     return tile
 
@@ -300,8 +268,15 @@ def launch_quant_gemm(
     x_scale_at: int = NO_SCALE,
     tiles: dict | None = None,
 ) -> torch.Tensor:
-    """y [M, N] in out_dtype; the public functions (kernels/quant_matmul.py) check the arguments."""
+    """y [M, N] in out_dtype; the public functions (kernels/quant_matmul.py) check the arguments. One token
+    takes kernels/quant_gemv.py (tiles: its keys)."""
     num_tokens, num_in = x.shape
+    if num_tokens == 1:
+        return launch_quant_gemv(
+            x, codes, num_out, fmt, out_dtype, w_scales=w_scales, w_scale_at=w_scale_at, w_group=w_group,
+            w_row_div=w_row_div, zeros=zeros, codebook=codebook, x_scales=x_scales, x_scale_at=x_scale_at,
+            tiles=tiles,
+        )  # fmt: skip
     on_gpu = x.device.type == "cuda"
     fp8_chunked = fmt == FP8 and CHUNK_SCALE in (w_scale_at, x_scale_at)
     config = default_tiles(fmt, num_tokens, fp8_chunked, on_gpu)
@@ -310,10 +285,9 @@ def launch_quant_gemm(
         raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")
     config.update(tiles or {})
     block_m, block_k = config["BLOCK_M"], config["BLOCK_K"]
-    if block_m != 1 and block_m < 16:
-        raise ValueError(f"BLOCK_M must be 1 or at least 16 (tl.dot), got {block_m}")
-    # fp8 products on the tensor cores where there are rows to fill them; one token, or the interpreter
-    # (which has no fp8 dot), widens the codes to fp32
+    if block_m < 16:
+        raise ValueError(f"BLOCK_M must be at least 16 (tl.dot), got {block_m}")
+    # fp8 products on the tensor cores; the interpreter (which has no fp8 dot) widens the codes to fp32
     dot_fp8 = fmt == FP8 and block_m >= 16 and not interpreting()
     if fp8_chunked and (block_k % FP8_SCALE_BLOCK or (dot_fp8 and block_k != FP8_SCALE_BLOCK)):
         need = "128" if dot_fp8 else "a multiple of 128"

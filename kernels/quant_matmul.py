@@ -10,9 +10,12 @@ Legend: M = tokens, N = output features, K = input features, G = group size.
 Each `<name>_ref` is the same math in plain torch: dequantize in fp32, matmul in fp32, cast to x's dtype
 (fp8's reference quantizes the activations as the kernel does).
 
-Dispatch: up to STREAMING_MAX_TOKENS tokens every format takes kernels/quant_gemm.py's weight-streaming
-tiles; above, its tensor-core tiles, except dense (cuBLAS through F.linear) and fp8 with per-channel or
-per-tensor weight scales on a GPU (torch._scaled_mm's row-wise scaled fp8 GEMM, bf16 output).
+Dispatch: one token takes kernels/quant_gemv.py; 2..STREAMING_MAX_TOKENS tokens kernels/quant_gemm.py's
+weight-streaming tiles, except int4 and nf4 on a GPU; above, on a GPU, int8, int4 and nf4 dequantize the
+weight whole and take cuBLAS (kernels/quant_dequant.py, `dequantizes`), fp8 with per-channel or per-tensor
+weight scales takes
+torch._scaled_mm's row-wise scaled fp8 GEMM (bf16 output), dense F.linear, and fp8 with block scales
+kernels/quant_gemm.py's tensor-core tiles (which the CPU interpreter takes for every format).
 Activations of fp8: per 128-wide group of K where the weight has 128x128 block scales, per token
 otherwise, or the static input_scale where the checkpoint gives one.
 """
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 
 from kernels._launch import check_device
 from kernels.fp8_activations import quantize_fp8_activations, quantize_fp8_activations_ref
+from kernels.quant_dequant import dequantize
 from kernels.quant_formats import (
     FP8_BLOCK,
     NF4_BLOCK,
@@ -41,18 +45,8 @@ from kernels.quant_formats import (
     int8_weight_shape,
     nf4_weight_shape,
 )
-from kernels.quant_gemm import (
-    CHUNK_SCALE,
-    DENSE,
-    END_SCALE,
-    FP8,
-    INT4,
-    INT8,
-    NF4,
-    STREAMING_MAX_TOKENS,
-    _quant_gemm_kernel,
-    launch_quant_gemm,
-)
+from kernels.quant_gemm import CHUNK_SCALE, END_SCALE, STREAMING_MAX_TOKENS, _quant_gemm_kernel, launch_quant_gemm
+from kernels.quant_gemv import DENSE, FP8, INT4, INT8, NF4
 
 __all__ = [
     "NF4_CODEBOOK",
@@ -75,6 +69,15 @@ __all__ = [
 @functools.lru_cache(maxsize=8)
 def _codebook(device: torch.device) -> torch.Tensor:
     return torch.tensor(NF4_CODEBOOK, dtype=torch.float32, device=device)
+
+
+def dequantizes(x: torch.Tensor, four_bit: bool) -> bool:
+    """Whether a weight-only format's matmul dequantizes its weight whole and hands it to cuBLAS
+    (kernels/quant_dequant.py), on a GPU: int8 above STREAMING_MAX_TOKENS tokens (where the matmul is bound
+    by its FLOPs); int4 and nf4 from 2 tokens, because kernels/quant_gemm.py's 4-bit streaming tiles ran at
+    1-3 % of their floor on the H200 (2026-11-29, decision 0070). The interpreter keeps the Triton tiles (the
+    CPU tests' path for them)."""
+    return x.device.type == "cuda" and x.shape[0] > (1 if four_bit else STREAMING_MAX_TOKENS)
 
 
 def dense_matmul(x: torch.Tensor, weight: torch.Tensor, *, tiles: dict | None = None) -> torch.Tensor:
@@ -102,6 +105,8 @@ def int8_matmul(
     check_device(_quant_gemm_kernel, "x, qweight and scales", x, qweight, scales)
     # NOTE: one scale a row multiplies the accumulated sum (the codes, exact in bf16, go into the dot as they are)
     scale_at = END_SCALE if group_size == num_in else CHUNK_SCALE
+    if tiles is None and dequantizes(x, four_bit=False):
+        return F.linear(x, dequantize(qweight, INT8, num_in, scales, group_size, x.dtype))
     return launch_quant_gemm(
         x, qweight, num_out, INT8, x.dtype, w_scales=scales, w_scale_at=scale_at, w_group=group_size, tiles=tiles
     )
@@ -125,6 +130,8 @@ def int4_matmul(
     check_activations(x, num_in)
     extra = [zeros] if zeros is not None else []
     check_device(_quant_gemm_kernel, "x, qweight, scales and zeros", x, qweight, scales, *extra)
+    if tiles is None and dequantizes(x, four_bit=True):
+        return F.linear(x, dequantize(qweight, INT4, num_in, scales, group_size, x.dtype, zeros=zeros))
     return launch_quant_gemm(
         x, qweight, num_out, INT4, x.dtype, w_scales=scales, w_scale_at=CHUNK_SCALE, w_group=group_size,
         zeros=zeros, tiles=tiles,
@@ -144,6 +151,9 @@ def nf4_matmul(
     num_out, num_in = nf4_weight_shape(qweight, absmax)
     check_activations(x, num_in)
     check_device(_quant_gemm_kernel, "x, qweight and absmax", x, qweight, absmax)
+    if tiles is None and dequantizes(x, four_bit=True):
+        codebook = _codebook(x.device)
+        return F.linear(x, dequantize(qweight, NF4, num_in, absmax, NF4_BLOCK, x.dtype, codebook=codebook))
     return launch_quant_gemm(
         x, qweight, num_out, NF4, x.dtype, w_scales=absmax, w_scale_at=CHUNK_SCALE, w_group=NF4_BLOCK,
         codebook=_codebook(x.device), tiles=tiles,

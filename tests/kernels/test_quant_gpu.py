@@ -46,7 +46,11 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.float() - ref.float()).norm() / ref.float().norm())
 
 
-@pytest.mark.parametrize("fmt,group,zeros,matmul,reference", FORMATS, ids=lambda v: str(v))
+# NOTE: ids name the format and its group: a function's default id holds its address, which differs between
+# pytest-xdist's workers (their collections must agree)
+@pytest.mark.parametrize(
+    "fmt,group,zeros,matmul,reference", FORMATS, ids=[f"{f[0]}-g{f[1]}-{'zeros' if f[2] else 'sym'}" for f in FORMATS]
+)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_real_shapes_match_the_reference_in_bf16(shape, fmt, group, zeros, matmul, reference):
     if fmt.startswith("fp8") and not supports_fp8(torch.device("cuda")):

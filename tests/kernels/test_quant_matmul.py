@@ -93,7 +93,7 @@ def test_int4_tiles_across_group_borders(tiles, device):
     weight = random_quantized_weight("int4", 40, 224, 32, device, zeros=True)
     for num_tokens in (1, 70) if tiles.get("BLOCK_M") != 32 else (70,):
         x = torch.randn(num_tokens, 224, device=device)
-        run = {**tiles, "BLOCK_M": 1} if num_tokens == 1 else tiles
+        run = {"CHUNK": 64, "BLOCK_N": 8} if num_tokens == 1 else tiles  # one token: two groups a step
         _check(int4_matmul(x, **weight, tiles=run), int4_matmul_ref(x, **weight), 224)
 
 
@@ -101,11 +101,11 @@ def test_int4_tiles_across_group_borders(tiles, device):
 @pytest.mark.parametrize("fmt", ["int4", "nf4"])
 def test_both_4bit_unpackings(fmt, split, device):
     """The streaming tiles multiply low and high nibbles by x's even and odd columns, the tensor-core tiles
-    interleave them back: each one forced at the other's token counts."""
+    interleave them back: each one forced at the other's token counts (one token: kernels/quant_gemv.py)."""
     weight = random_quantized_weight(fmt, 26, 256, 64 if fmt == "int4" else None, device, zeros=True)
     matmul, reference = MATMULS[fmt]
-    for num_tokens in (1, 5, 70):
-        tiles = {"SPLIT_NIBBLES": split, **({"BLOCK_M": 1, "BLOCK_K": 128} if num_tokens == 1 else {})}
+    for num_tokens in (5, 70):
+        tiles = {"SPLIT_NIBBLES": split}
         x = torch.randn(num_tokens, 256, device=device)
         _check(matmul(x, **weight, tiles=tiles), reference(x, **weight), 256)
 
@@ -115,7 +115,7 @@ def test_fp8_one_token_chunks_of_several_scale_blocks(fmt, device):
     """One token widens fp8 to fp32 and may take several 128-column scale blocks a chunk (the GPU's 1024)."""
     weight = random_quantized_weight(fmt, 140, 520, None, device)
     x = torch.randn(1, 520, device=device)
-    _check(fp8_matmul(x, **weight, tiles={"BLOCK_K": 256, "BLOCK_N": 4}), fp8_matmul_ref(x, **weight), 520)
+    _check(fp8_matmul(x, **weight, tiles={"CHUNK": 256, "BLOCK_N": 4}), fp8_matmul_ref(x, **weight), 520)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "fp8_block"])
@@ -134,7 +134,7 @@ def test_dense_streaming_matches_the_reference(num_tokens, device):
     x = torch.randn(num_tokens, 200, device=device)
     expected = dense_matmul_ref(x, w)
     _check(dense_matmul(x, w), expected, 200)  # 90 tokens: F.linear
-    tile = {"BLOCK_M": 1} if num_tokens == 1 else {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32}
+    tile = {"CHUNK": 64} if num_tokens == 1 else {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32}
     _check(dense_matmul(x, w, tiles=tile), expected, 200)  # the kernel at every count
 
 
@@ -181,7 +181,6 @@ def test_tiles_stream_the_weights_up_to_64_tokens():
     for num_tokens in (2, 17, 64):
         tile = default_tiles(2, num_tokens, False, on_gpu=True)
         assert tile["BLOCK_M"] >= num_tokens and tile["BLOCK_N"] == 16  # one row block: weights read once
-    assert default_tiles(2, 1, False, on_gpu=True)["BLOCK_M"] == 1
     assert default_tiles(2, 65, False, on_gpu=True)["BLOCK_N"] == 128  # tensor-core tiles
     assert default_tiles(4, 300, True, on_gpu=True)["BLOCK_K"] == 128  # fp8 block scales fix the dot chunk
 
@@ -214,7 +213,7 @@ def test_bad_layouts_are_refused_naming_the_argument(device):
     blocks = random_quantized_weight("fp8_block", 150, 300, None, device)
     with pytest.raises(ValueError, match="BLOCK_K must be"):
         fp8_matmul(torch.randn(2, 300, device=device), **blocks, tiles={"BLOCK_K": 64})
-    with pytest.raises(ValueError, match="BLOCK_M must be 1 or at least 16"):
+    with pytest.raises(ValueError, match="BLOCK_M must be at least 16"):
         int8_matmul(x, **w8, tiles={"BLOCK_M": 8})
     with pytest.raises(ValueError, match="SPLIT_NIBBLES is for the 4-bit formats"):
         int8_matmul(x, **w8, tiles={"SPLIT_NIBBLES": True})
