@@ -32,10 +32,8 @@ import triton.language as tl
 
 from kernels._launch import dot_dtype, dot_precision, interpreting
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.quant_gemv import FP8, INT4, NF4, launch_quant_gemv
+from kernels.quant_gemv import CHUNK_SCALE, FP8, INT4, NF4, NO_SCALE, launch_quant_gemv
 
-# where a scale is applied: nowhere, to each K chunk (varies along K), or once to the accumulator
-NO_SCALE, CHUNK_SCALE, END_SCALE = 0, 1, 2
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_NIBBLES", "num_warps", "num_stages")
 FP8_SCALE_BLOCK = 128  # fp8 scales' block along K (weights 128 x 128, activations per 128 columns)
 STREAMING_MAX_TOKENS = 64  # up to here one row block covers every token: the weights stream once
@@ -88,8 +86,8 @@ def _nibbles(b, codebook_ptr, FORMAT: tl.constexpr):
 
 
 @triton.jit
-def _x_chunk(x_rows, xs_ptr, m, m_mask, n, k, K, stride_xs, k0, SCALE_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
-             X_SCALE: tl.constexpr, X_WIDE: tl.constexpr):  # fmt: skip
+def _x_chunk(x_rows, xs_ptr, m, m_mask, k, K, stride_xs, k0, SCALE_COLS: tl.constexpr, X_SCALE: tl.constexpr,
+             X_WIDE: tl.constexpr):  # fmt: skip
     """x's columns k (a [WIDTH] vector): [Bm, WIDTH] as stored. X_WIDE: fp32 with fp8's per-128 activation
     scales applied (SCALE_COLS groups along the chunk)."""
     xk = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
@@ -181,8 +179,8 @@ def _quant_gemm_kernel(
                               SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
             hi = _scale_chunk(hi, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
                               SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, HALF)  # fmt: skip
-            x_even = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j, K, 0, k0, 1, BLOCK_M, 0, False)
-            x_odd = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k0 + 2 * j + 1, K, 0, k0, 1, BLOCK_M, 0, False)
+            x_even = _x_chunk(x_rows, xs_ptr, m, m_mask, k0 + 2 * j, K, 0, k0, 1, 0, False)
+            x_odd = _x_chunk(x_rows, xs_ptr, m, m_mask, k0 + 2 * j + 1, K, 0, k0, 1, 0, False)
             acc = tl.dot(x_even.to(DOT_DTYPE), tl.trans(lo.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
             acc = tl.dot(x_odd.to(DOT_DTYPE), tl.trans(hi.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
         else:
@@ -196,7 +194,7 @@ def _quant_gemm_kernel(
             if W_SCALE == 1 and not DOT_FP8:
                 w = _scale_chunk(w, ws_rows, wz_rows, n_mask, k0, num_scale_cols, FORMAT, W_GROUP,
                                  SCALES_PER_CHUNK, HAS_ZEROS, BLOCK_N, BLOCK_K)  # fmt: skip
-            xk = _x_chunk(x_rows, xs_ptr, m, m_mask, n, k, K, stride_xs, k0, SCALES_PER_CHUNK, BLOCK_M, X_SCALE,
+            xk = _x_chunk(x_rows, xs_ptr, m, m_mask, k, K, stride_xs, k0, SCALES_PER_CHUNK, X_SCALE,
                           X_WIDE)  # fmt: skip
             if DOT_FP8:  # one 128-wide chunk: its scales multiply the chunk's product
                 # NOTE: sm_90 accumulates fp8 products in reduced precision unless told to promote: at most one

@@ -15,6 +15,8 @@ issues about 33 T lane-instructions a second against ~4.8 TB/s, 7 an int4 byte. 
   subtraction that also takes off the zero point (_unit_values): no integer conversion, a quarter-rate
   instruction, and no shift a code;
 - 16-bit x is read two columns a 32-bit word and split by one bit operation a value (_x_pairs);
+- fp8 codes (and int8 codes whose rows do not start on a word) are read as elements, 8 (4) to a unit,
+  through Triton's own conversion;
 - a thread keeps each of its units' sums in its own registers and multiplies them by the unit's scale:
   no reduction across threads before the end, and no reshape of the tile (which moved the previous
   one-token tile's scales and x through shared memory every step);
@@ -32,8 +34,7 @@ import triton.language as tl
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
 
 DENSE, INT8, INT4, NF4, FP8 = 0, 1, 2, 3, 4  # the formats' ids in every quantized kernel
-NO_SCALE, CHUNK_SCALE, END_SCALE = 0, 1, 2  # where a scale applies: nowhere, per group, to the final sum
-MAGIC = tl.constexpr(8388608.0)  # 2^23, the fp32 of bits 0x4B000000: 0x4B000000 | q reads as 2^23 + q
+NO_SCALE, CHUNK_SCALE, END_SCALE = 0, 1, 2  # where a scale applies: nowhere, along K (per group), to the sum
 WHOLE_ROW = 1 << 30  # SCALE_W of one scale column for the whole row (per channel)
 TILE_KEYS = ("BLOCK_N", "CHUNK", "num_warps")
 

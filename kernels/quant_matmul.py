@@ -45,8 +45,8 @@ from kernels.quant_formats import (
     int8_weight_shape,
     nf4_weight_shape,
 )
-from kernels.quant_gemm import CHUNK_SCALE, END_SCALE, STREAMING_MAX_TOKENS, _quant_gemm_kernel, launch_quant_gemm
-from kernels.quant_gemv import DENSE, FP8, INT4, INT8, NF4
+from kernels.quant_gemm import STREAMING_MAX_TOKENS, _quant_gemm_kernel, launch_quant_gemm
+from kernels.quant_gemv import CHUNK_SCALE, DENSE, END_SCALE, FP8, INT4, INT8, NF4
 
 __all__ = [
     "NF4_CODEBOOK",
