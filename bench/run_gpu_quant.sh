@@ -30,7 +30,8 @@ fi
 
 tests_rc=0 bench_rc=0
 if wants tests; then
-    timeout "${TESTS_TIMEOUT_S:-80}" "$PYTHON" -m pytest tests/kernels/test_quant_gpu.py tests/kernels/test_quant_matmul.py \
+    timeout "${TESTS_TIMEOUT_S:-80}" "$PYTHON" -m pytest tests/kernels/test_quant_gpu.py tests/kernels/test_quant_gemv.py \
+        tests/kernels/test_quant_matmul.py \
         -q -p no:cacheprovider -p no:benchmark --durations=10 "${xdist_args[@]}" 2>&1 | tee "$OUT/tests.log"
     tests_rc=${PIPESTATUS[0]}
 fi
