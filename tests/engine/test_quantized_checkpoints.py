@@ -92,13 +92,19 @@ def test_repacked_weights_equal_the_checkpoints_dequantized_weights(smollm2_dir:
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_the_triton_quantized_gemm_serves_the_same_tokens_on_the_interpreter(smollm2_dir: Path, tmp_path: Path):
-    """engine.quant_ops' dispatch: kernels="triton" runs kernels/quant_matmul.py's GEMM (Triton's CPU interpreter
-    here) and serves the tokens of the torch references."""
-    build_quantized_checkpoint("awq", tmp_path / "awq", smollm2_dir)
+@pytest.mark.parametrize("fmt", ["awq", "fp8_block", "ct_fp8_channel"])
+def test_the_triton_quantized_gemm_serves_the_same_tokens_on_the_interpreter(
+    fmt: str, smollm2_dir: Path, tmp_path: Path
+):
+    """engine.quant_ops' dispatch: kernels="triton" runs kernels/quant_matmul.py's kernels (Triton's CPU
+    interpreter here: the one-token GEMV of the decode steps, the GEMM's tiles of the prompt) and serves the
+    tokens of the torch references. fp8 too: its activations are quantized again at every layer, so any
+    difference in a layer's output that moves a code shows in the tokens (on the GPU the fp8 tensor-core dot's
+    own accumulation order does: decision 0070)."""
+    build_quantized_checkpoint(fmt, tmp_path / fmt, smollm2_dir)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    want = run_staggered(make_engine(tmp_path / "awq", num_kv_tokens=256), PROMPTS[:1], params)
-    got = run_staggered(make_engine(tmp_path / "awq", num_kv_tokens=256, kernels="triton"), PROMPTS[:1], params)
+    want = run_staggered(make_engine(tmp_path / fmt, num_kv_tokens=256), PROMPTS[:1], params)
+    got = run_staggered(make_engine(tmp_path / fmt, num_kv_tokens=256, kernels="triton"), PROMPTS[:1], params)
     assert got == want
 
 
