@@ -10,12 +10,14 @@ Legend: M = tokens, N = output features, K = input features, G = group size.
 Each `<name>_ref` is the same math in plain torch: dequantize in fp32, matmul in fp32, cast to x's dtype
 (fp8's reference quantizes the activations as the kernel does).
 
-Dispatch: one token takes kernels/quant_gemv.py; 2..STREAMING_MAX_TOKENS tokens kernels/quant_gemm.py's
-weight-streaming tiles, except int4 and nf4 on a GPU; above, on a GPU, int8, int4 and nf4 dequantize the
-weight whole and take cuBLAS (kernels/quant_dequant.py, `dequantizes`), fp8 with per-channel or per-tensor
-weight scales takes
-torch._scaled_mm's row-wise scaled fp8 GEMM (bf16 output), dense F.linear, and fp8 with block scales
-kernels/quant_gemm.py's tensor-core tiles (which the CPU interpreter takes for every format).
+Dispatch:
+- one token: kernels/quant_gemv.py;
+- 2..STREAMING_MAX_TOKENS tokens: kernels/quant_gemm.py's weight-streaming tiles, except int4 and nf4 on a GPU,
+  which dequantize (below);
+- above, on a GPU: int8, int4 and nf4 dequantize the weight whole and take cuBLAS (kernels/quant_dequant.py,
+  `dequantizes`); fp8 with per-channel or per-tensor weight scales takes torch._scaled_mm's row-wise scaled
+  fp8 GEMM (bf16 output); dense takes F.linear; fp8 with block scales takes kernels/quant_gemm.py's
+  tensor-core tiles, which the CPU interpreter takes for every format.
 Activations of fp8: per 128-wide group of K where the weight has 128x128 block scales, per token
 otherwise, or the static input_scale where the checkpoint gives one.
 """
