@@ -66,6 +66,7 @@ def _variants() -> list[Variant]:
                   BLOCK_P=64, P_CHUNK=8, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", ORDERED=False,
                   LOOP_STAGES=3, PIPELINE_MIN_TILES=4, **pdl)  # fmt: skip
     norm_gemv = dict(HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, PREFETCH=False, **pdl)
+    rows = dict(HAS_RESIDUAL=True, HAS_BIAS=False, **pdl)
     gemv_sizes, norm_gemv_sizes = ("N", "K"), ("num_rows", "K")  # every Llama / Qwen projection's
     rope = dict(HALF=64, BLOCK_HALF=64, BLOCK_H=32, BLOCK_T=1, **pdl)  # rope_tiles at 32 query heads, D = 128
     # the engine's 16-bit D = 128 tiles (kernels/prefill_attention.py's _tile_config): pointer gathers on
@@ -88,6 +89,13 @@ def _variants() -> list[Variant]:
                 {"num_warps": 4, **on}, "prefetch", norm_gemv_sizes),
         Variant("rms_norm_gemv", "_rms_norm_gemv_kernel", dict(norm_gemv, SWIGLU=True, PREFETCH=True),
                 {"num_warps": 4, **on}, "SwiGLU, prefetch", norm_gemv_sizes),
+        # a few token rows (kernels/gemv_rows.py's tiles: a verification step's 5 rows padded to 8, and 4 rows)
+        Variant("gemv_rows", "_gemv_rows_kernel", dict(ROWS=8, HAS_BIAS=False, BLOCK_N=1, BLOCK_K=512, **pdl),
+                {"num_warps": 4, "num_stages": 1, **on}, "8 rows", ("N", "K", "stride_xm", "stride_ym")),
+        Variant("gemv_rows", "_rms_norm_gemv_rows_kernel", dict(rows, ROWS=4, BLOCK_N=2, BLOCK_K=256, SWIGLU=False),
+                {"num_warps": 8, "num_stages": 1, **on}, "4 rows", ("num_rows", "K", "stride_xm", "stride_ym")),
+        Variant("gemv_rows", "_rms_norm_gemv_rows_kernel", dict(rows, ROWS=4, BLOCK_N=4, BLOCK_K=128, SWIGLU=True),
+                {"num_warps": 4, "num_stages": 1, **on}, "4 rows, SwiGLU", ("num_rows", "K", "stride_xm", "stride_ym")),
         Variant("rms_norm_qkv_rope", "_rms_norm_qkv_rope_kernel",
                 dict(HALF=64, HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, **pdl),
                 {"num_warps": 4, **on}, multiples_of_16=("K",)),

@@ -42,6 +42,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help=OUT_HELP)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, short requests")
     parser.add_argument("--skip-hf", action="store_true", help="accepted for the runners' sake: there is no peer run")
+    parser.add_argument("--gemv-rows-max", type=int, default=None,
+                        help="engine.ops.GEMV_ROWS_MAX for an A/B of the few-rows kernels (0: off)")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -150,6 +152,10 @@ def main(argv=None) -> dict:
                                              "output_len": args.output_len}  # fmt: skip
     if args.dry_run:
         args.models = "Llama-3.2-1B"
+    if args.gemv_rows_max is not None:
+        from engine import ops
+
+        ops.GEMV_ROWS_MAX = args.gemv_rows_max  # recorded in the results' environment
 
     def measure(name, device, ceilings, dry_run, _skip_hf):
         return measure_model(name, device, ceilings, dry_run, shape)

@@ -76,7 +76,9 @@ def _one_token_dispatch(device: torch.device) -> dict:
     return {"gemv_min_features": ops.gemv_min_features(device),
             "norm_gemv_min_features": ops.norm_gemv_min_features(device),
             "swiglu_gemv_max_features": ops.SWIGLU_GEMV_MAX_FEATURES,
-            "qkv_rope_fusion": ops.QKV_ROPE_FUSION}  # fmt: skip
+            "qkv_rope_fusion": ops.QKV_ROPE_FUSION,
+            # the few-rows kernels (kernels/gemv_rows.py): up to this many tokens, weights up to this many elements
+            "gemv_rows_max": ops.GEMV_ROWS_MAX, "gemv_rows_max_weights": ops.GEMV_ROWS_MAX_WEIGHTS}  # fmt: skip
 
 
 def environment(device: torch.device) -> dict:

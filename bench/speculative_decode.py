@@ -87,6 +87,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--out", default=None, help=OUT_HELP)
+    parser.add_argument("--gemv-rows-max", type=int, default=None,
+                        help="engine.ops.GEMV_ROWS_MAX for an A/B of the few-rows kernels (0: off)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, few tokens")
     parser.add_argument("--skip-hf", action="store_true", help="accepted for the shared driver; no peer runs here")
     return parser.parse_args(argv)
@@ -368,7 +370,12 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> dict:
     from bench.engine_common import run_model_benchmark
 
-    return run_model_benchmark("spec", STEM, _parse_args(argv), measure_model, markdown)
+    args = _parse_args(argv)
+    if args.gemv_rows_max is not None:
+        from engine import ops
+
+        ops.GEMV_ROWS_MAX = args.gemv_rows_max  # recorded in the results' environment
+    return run_model_benchmark("spec", STEM, args, measure_model, markdown)
 
 
 if __name__ == "__main__":

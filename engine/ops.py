@@ -121,6 +121,25 @@ QKV_ROPE_FUSION = True
 DENSE_STREAMING_MAX_TOKENS = 0
 
 
+# 2..GEMV_ROWS_MAX token rows (a few sequences decoding) through the few-rows kernels (kernels/gemv_rows.py: the
+# one-token kernels' norm and SwiGLU fusion and PDL chain) where the weight holds at most GEMV_ROWS_MAX_WEIGHTS
+# elements and fewer than GEMV_ROWS_MAX_OUT rows: the small models' launch-bound projections. Measured on an H200
+# on 2026-11-29 (bench/gemv_rows.py, decision 0071): a large weight's stream (an LM head's vocabulary rows: one
+# large read a step even in a small model) ran slower on these kernels than on cuBLAS; at 8 rows the norm-fused
+# gate|up did too, and 8 requests decoding, or a verification step's 5 decode rows padded to 8, gained nothing.
+GEMV_ROWS_MAX = 4
+GEMV_ROWS_MAX_WEIGHTS = 2_000_000  # SmolLM2-135M's largest (gate|up: 1.77M) in, Llama-3.2-1B's o (4.19M) out
+GEMV_ROWS_MAX_OUT = 32768
+
+
+def uses_gemv_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the few-rows kernels take x @ weight^T: 2..GEMV_ROWS_MAX tokens on the Triton backend, a weight of
+    at most GEMV_ROWS_MAX_WEIGHTS elements and fewer than GEMV_ROWS_MAX_OUT rows."""
+    if x.dim() != 2 or not 2 <= x.shape[0] <= GEMV_ROWS_MAX or not use_triton(x):
+        return False
+    return weight.numel() <= GEMV_ROWS_MAX_WEIGHTS and weight.shape[0] < GEMV_ROWS_MAX_OUT
+
+
 def gemv_min_features(device: torch.device) -> int:
     """The least weight dims that take kernels/gemv.py at one token on `device`."""
     return GEMV_MIN_FEATURES_PDL if use_pdl(device) else GEMV_MIN_FEATURES
@@ -147,7 +166,8 @@ def linear(
     *,
     gemv_min_features: int | None = None,
 ) -> torch.Tensor:
-    """[T, K] -> [T, N]: F.linear (cuBLAS), or kernels/gemv.py for one token and a large weight. out_dtype
+    """[T, K] -> [T, N]: F.linear (cuBLAS), or kernels/gemv.py for one token and a large weight, or
+    kernels/gemv_rows.py for a few tokens and a small weight (uses_gemv_rows). out_dtype
     (default x's): the result rounded to x's dtype and stored as this one; the kernel stores it so itself,
     with no cast kernel after it (the LM head's fp32 logits: one kernel fewer at batch-1 decode).
     gemv_min_features: the smallest weight dim that takes the kernel at one token (default
@@ -162,6 +182,10 @@ def linear(
         from kernels.gemv import gemv
 
         return gemv(x, weight, bias, out_dtype=out_dtype)
+    if uses_gemv_rows(x, weight):
+        from kernels.gemv_rows import gemv_rows
+
+        return gemv_rows(x, weight, bias, out_dtype=out_dtype)
     if 2 <= x.shape[0] <= DENSE_STREAMING_MAX_TOKENS and out_dtype is None and x.dim() == 2 and use_triton(x):
         from kernels.quant_matmul import dense_matmul
 
@@ -187,9 +211,10 @@ def rms_norm_linear(
 
     NOTE: at one token and a weight of at least norm_gemv_min_features the norm and the residual
     add run inside the projection (kernels/rms_norm_gemv.py), and the SwiGLU too up to a hidden size
-    of SWIGLU_GEMV_MAX_FEATURES: two or three kernels a decoder layer fewer at batch-1 decode.
-    Elsewhere these are the separate kernels (or references) of the unfused layer. Above a hidden size of
-    SWIGLU_GEMV_MAX_FEATURES the SwiGLU stays its own kernel: there the two row sets' weight stream runs
+    of SWIGLU_GEMV_MAX_FEATURES: two or three kernels a decoder layer fewer at batch-1 decode. At
+    2..GEMV_ROWS_MAX tokens and a small weight (uses_gemv_rows) kernels/gemv_rows.py fuses them the same
+    way. Elsewhere these are the separate kernels (or references) of the unfused layer. Above a hidden size
+    of SWIGLU_GEMV_MAX_FEATURES the SwiGLU stays its own kernel: there the two row sets' weight stream runs
     slower than the plain projection's by more than the SiLU-and-mul kernel it saves (decision 0016).
     """
     if uses_gemv(x, weight, norm_gemv_min_features(x.device)):
@@ -198,6 +223,13 @@ def rms_norm_linear(
         if not swiglu or x.shape[1] <= SWIGLU_GEMV_MAX_FEATURES:
             return rms_norm_gemv(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu)
         y, residual = rms_norm_gemv(x, residual, norm_weight, eps, weight, bias)
+        return silu_and_mul(y), residual
+    if uses_gemv_rows(x, weight):
+        from kernels.gemv_rows import rms_norm_gemv_rows
+
+        if not swiglu or x.shape[1] <= SWIGLU_GEMV_MAX_FEATURES:
+            return rms_norm_gemv_rows(x, residual, norm_weight, eps, weight, bias, swiglu=swiglu)
+        y, residual = rms_norm_gemv_rows(x, residual, norm_weight, eps, weight, bias)
         return silu_and_mul(y), residual
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x

@@ -142,14 +142,17 @@ def _rms_norm_gemv_kernel(
     tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def check_norm_gemv_args(x, residual, norm_weight, weight, bias, swiglu: bool = False) -> None:
-    """The checks of a one-token norm + projection's arguments (shared with kernels/rms_norm_qkv_rope.py)."""
+def check_norm_gemv_args(x, residual, norm_weight, weight, bias, swiglu: bool = False, max_rows: int = 1) -> None:
+    """The checks of a norm + projection's arguments: one token (shared with kernels/rms_norm_qkv_rope.py), or up
+    to max_rows token rows (kernels/gemv_rows.py)."""
     tensors = [x, norm_weight, weight] + [t for t in (residual, bias) if t is not None]
     check_device(_rms_norm_gemv_kernel, "x, residual, norm_weight, weight and bias", *tensors)
     check_float("x", x)
     check_float("norm_weight", norm_weight)
-    if x.dim() != 2 or x.shape[0] != 1:
+    if max_rows == 1 and (x.dim() != 2 or x.shape[0] != 1):
         raise ValueError(f"x must be one row [1, K], got {tuple(x.shape)}: rms_norm_gemv is for a single token")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= max_rows:
+        raise ValueError(f"x must be [M, K] with 1 <= M <= {max_rows} token rows, got {tuple(x.shape)}")
     num_in = x.shape[1]
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernels.gemv_rows
 import kernels.rms_norm_gemv
 import kernels.rms_norm_qkv_rope
 from engine import ops
@@ -107,3 +108,27 @@ def test_qkv_projection_with_rope_and_kv_store_in_one_kernel_gives_the_reference
     counted = (kernels.rms_norm_qkv_rope, "rms_norm_qkv_rope")
     calls = _fused_run_matches_the_reference(kind, tiny_ckpt, monkeypatch, 17, counted)
     assert bool(calls) is (kind != "qwen3")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # plain, q/k/v biases
+def test_a_few_sequences_take_the_few_rows_kernels_and_give_the_reference_tokens(kind: str, tiny_ckpt) -> None:
+    """Decode steps of 2..4 sequences through kernels/gemv_rows.py (engine.ops.uses_gemv_rows: the tiny
+    checkpoint's projections are small weights), the norms and SwiGLU fused into them, requests staggered so that
+    steps of 2, 3 and 4 rows occur (on a GPU through the decode buckets' graphs): the torch engine's tokens."""
+    model_dir = tiny_ckpt(kind)
+    prompts = random_prompts(4, 49152, 5, 20, seed=19)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    arrivals = [0, 2, 4, 6]
+    reference = run_staggered(_engine(model_dir, "torch"), prompts, params, arrivals)
+    rows_seen = []
+    normed = kernels.gemv_rows.rms_norm_gemv_rows
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            kernels.gemv_rows,
+            "rms_norm_gemv_rows",
+            lambda x, *a, **kw: rows_seen.append(x.shape[0]) or normed(x, *a, **kw),
+        )
+        assert run_staggered(_engine(model_dir, "triton"), prompts, params, arrivals) == reference
+    assert {2, 4} <= set(rows_seen), (
+        f"steps of 2 and 4 rows did not take the few-rows kernels: {sorted(set(rows_seen))}"
+    )
