@@ -182,15 +182,16 @@ def linear(
         from kernels.gemv import gemv
 
         return gemv(x, weight, bias, out_dtype=out_dtype)
-    if uses_gemv_rows(x, weight):
-        from kernels.gemv_rows import gemv_rows
-
-        return gemv_rows(x, weight, bias, out_dtype=out_dtype)
+    # the streaming GEMM first: it is off unless an A/B switches it on for every 2..N-token projection
     if 2 <= x.shape[0] <= DENSE_STREAMING_MAX_TOKENS and out_dtype is None and x.dim() == 2 and use_triton(x):
         from kernels.quant_matmul import dense_matmul
 
         y = dense_matmul(x, weight)
         return y if bias is None else y + bias
+    if uses_gemv_rows(x, weight):
+        from kernels.gemv_rows import gemv_rows
+
+        return gemv_rows(x, weight, bias, out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
 
