@@ -281,9 +281,10 @@ def rms_norm_gemv_rows(
     config = _tiles(x, SWIGLU_TILES if swiglu else NORM_TILES, tiles)
     num_rows = weight.shape[0] // 2 if swiglu else weight.shape[0]
     y = torch.empty(x.shape[0], num_rows, device=x.device, dtype=x.dtype)
-    new_residual = torch.empty_like(x) if residual is not None else x
-    if residual is not None and new_residual.stride() != x.stride():
-        new_residual = torch.empty_strided(x.shape, x.stride(), device=x.device, dtype=x.dtype)
+    # the kernel writes the new residual with x's row stride
+    new_residual = (
+        torch.empty_strided(x.shape, x.stride(), device=x.device, dtype=x.dtype) if residual is not None else x
+    )
     _rms_norm_gemv_rows_kernel[(triton.cdiv(num_rows, config["BLOCK_N"]),)](
         x, residual if residual is not None else x, norm_weight, weight, bias if bias is not None else weight,
         y, new_residual, x.shape[0], num_rows, x.shape[1], x.stride(0), weight.stride(0), y.stride(0), float(eps),
