@@ -200,7 +200,8 @@ def _quant_gemv_variants(pdl: dict, on: dict) -> list[Variant]:
     scales = {"xs_ptr": "*fp32", "ws_ptr": "*fp32", "wz_ptr": "*u8", "codebook_ptr": "*fp32"}
     variants = []
     for name, (fmt, constexprs, pointers) in formats.items():
-        tile = gemv_tiles(fmt, on_gpu=True)
+        # the tile of the Llama-3.1-8B gate|up projection (the grid's largest)
+        tile = gemv_tiles(fmt, True, 28672, 4096, per_channel=name == "fp8 per channel")
         options = {"num_warps": tile.pop("num_warps"), "num_stages": 1, **on}
         constexprs = {**common, "FORMAT": fmt, **constexprs, **tile}
         sizes = ("N", "K", "stride_w")

@@ -26,16 +26,19 @@ TOKENS = (1, 16, 64)
 FORMAT_IDS = {"bf16": 0, "int8": 1, "int4": 2, "nf4": 3, "fp8_block": 4, "fp8_channel": 4}
 
 
-def candidates(fmt: str, num_tokens: int, on_gpu: bool) -> list[dict]:
-    """The default tile first, then one change at a time (and two pairs) around it."""
+def candidates(fmt: str, num_tokens: int, on_gpu: bool, num_out: int = 0, num_in: int = 0) -> list[dict]:
+    """The launcher's tile for the shape first, then the alternatives: at one token a grid, at more tokens one
+    change at a time (and two pairs)."""
     from kernels.quant_gemm import default_tiles
     from kernels.quant_gemv import gemv_tiles
 
     if num_tokens == 1:  # kernels/quant_gemv.py
-        base = gemv_tiles(FORMAT_IDS[fmt], on_gpu)
-        changes = [{"BLOCK_N": 2}, {"BLOCK_N": 8}, {"num_warps": 4}, {"BLOCK_N": 8, "num_warps": 4},
-                   {"CHUNK": base["CHUNK"] // 2}, {"CHUNK": base["CHUNK"] * 2},
-                   {"BLOCK_N": 2, "CHUNK": base["CHUNK"] * 2}]  # fmt: skip
+        base = gemv_tiles(FORMAT_IDS[fmt], on_gpu, num_out, num_in, per_channel=fmt == "fp8_channel")
+        # a grid: rows a program (x's re-reads from L2 fall as they grow), the step, and warps
+        chunks = (1024, 2048, 4096) if fmt in ("int4", "nf4") else (512, 1024, 2048)
+        rows, warps = ((2, 4, 8, 16), (4, 8)) if on_gpu else ((2, 4, 8), (1,))
+        changes = [{"BLOCK_N": n, "CHUNK": c if on_gpu else c // 16, "num_warps": w}
+                   for n in rows for c in chunks for w in warps]  # fmt: skip
     else:
         base = default_tiles(FORMAT_IDS[fmt], num_tokens, fmt == "fp8_block", on_gpu)
         k_fixed = fmt == "fp8_block"  # the fp8 dot's chunk is its scales' 128 columns
@@ -71,7 +74,7 @@ def measure_case(bench, proj, fmt: str, num_tokens: int, ceilings: dict) -> list
     floor_us = (nbytes_w + num_tokens * (proj.num_in + proj.num_out) * x.element_size()) / ceilings["read_gbps"] / 1e3
     matmul = matmul_for(fmt)
     rows = []
-    for tile in candidates(fmt, num_tokens, bench.device.type == "cuda"):
+    for tile in candidates(fmt, num_tokens, bench.device.type == "cuda", proj.num_out, proj.num_in):
         row = {"model": proj.model, "proj": proj.name, "format": fmt, "tokens": num_tokens, "tile": tile,
                "floor_us": floor_us}  # fmt: skip
         try:

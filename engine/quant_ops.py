@@ -53,3 +53,22 @@ def fp8_linear(
 
         return kernel(x, qweight, weight_scale, input_scale)
     return fp8_matmul_ref(x, qweight, weight_scale, input_scale)
+
+
+def fp8_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    qweight: torch.Tensor,
+    weight_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8_linear(rms_norm(x + residual)), x + residual) for dynamic activation scales, the norm and the
+    quantization as one kernel (kernels/rms_norm_fp8.py: one launch a pre-norm fewer, decision 0072); without
+    a residual the norm reads x and x is the residual returned. Callers check use_triton(x)."""
+    from kernels.quant_matmul import fp8_activation_group, fp8_matmul_quantized
+    from kernels.rms_norm_fp8 import rms_norm_fp8
+
+    group = fp8_activation_group(qweight, weight_scale)
+    xq, x_scales, residual = rms_norm_fp8(x, residual, norm_weight, eps, group)
+    return fp8_matmul_quantized(xq, x_scales, qweight, weight_scale, x.dtype), residual

@@ -201,16 +201,32 @@ def _quant_gemv_kernel(
     tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def gemv_tiles(fmt: int, on_gpu: bool) -> dict:
-    """4 rows a program, 1 KB of codes a row a step (4 KB a program in flight, as kernels/gemv.py streams
-    bf16). Warps (a sweep of one-token tiles on the H200 at the Llama-3.1-8B shapes, 2026-11-29): 4 for
-    int8 and int4 (8 % faster on the gate|up projection, the largest, and no slower elsewhere; int4 with zero
-    points 5-14 % everywhere), 8 for fp8 and nf4 (4 lost on three of the four shapes). The interpreter takes
-    small steps (its CPU time grows with the tile)."""
+def gemv_tiles(fmt: int, on_gpu: bool, num_out: int = 0, num_in: int = 0, per_channel: bool = False) -> dict:
+    """A program's rows (BLOCK_N), the columns of its step (CHUNK) and its warps, by format and shape, from two
+    sweeps of one-token tiles on the H200 at the Llama-3.1-8B shapes (2026-11-29; the second a grid of rows 2..16,
+    three steps and 4 or 8 warps, decision 0072):
+    - the base: 4 rows a program, 1 KB of codes a row a step (4 KB a program in flight, as kernels/gemv.py
+      streams bf16); 4 warps for int8 and int4, 8 for fp8 and nf4;
+    - int8 and int4 rows of at least 8,192 columns (down): 2 rows and 2,048 columns a step (int8 23.7 -> 18.9 us,
+      int4 23.9 -> 22.5): twice the programs, each with twice the bytes a row in flight;
+    - int4 below that: 1,024 columns a step (gate|up 46.8 -> 42.1 us, qkv 11.9 -> 11.1);
+    - int8 of at most 4,096 output rows (o): 8 rows a program (9.0 -> 7.6 us): x read from L2 half as often;
+    - fp8 with per-channel scales: 2 rows and 4 warps (qkv 13.4 -> 12.4, gate|up 42.1 -> 40.7; o and down
+      within 0.3 us). fp8 blocks and nf4 keep the base (not swept again).
+    The interpreter takes small steps (its CPU time grows with the tile)."""
     if not on_gpu:
         return dict(BLOCK_N=4, CHUNK=64, num_warps=1)
     four_bit = fmt in (INT4, NF4)
-    return dict(BLOCK_N=4, CHUNK=2048 if four_bit else 1024, num_warps=4 if fmt in (INT4, INT8) else 8)
+    tile = dict(BLOCK_N=4, CHUNK=2048 if four_bit else 1024, num_warps=4 if fmt in (INT4, INT8) else 8)
+    if fmt in (INT4, INT8) and num_in >= 8192:
+        tile.update(BLOCK_N=2, CHUNK=2048)
+    elif fmt == INT4:
+        tile.update(CHUNK=1024)
+    elif fmt == INT8 and 0 < num_out <= 4096:
+        tile.update(BLOCK_N=8)
+    elif fmt == FP8 and per_channel:
+        tile.update(BLOCK_N=2, num_warps=4)
+    return tile
 
 
 def stored_units(codes: torch.Tensor, fmt: int, scale_w: int) -> tuple[torch.Tensor, int, bool]:
@@ -250,7 +266,7 @@ def launch_quant_gemv(
     (the same as kernels/quant_gemm.py's launch_quant_gemm). tiles: BLOCK_N, CHUNK (columns a step: a power
     of two; any against the scale groups, each unit finds its own scale), num_warps."""
     num_in = x.shape[1]
-    config = gemv_tiles(fmt, x.device.type == "cuda")
+    config = gemv_tiles(fmt, x.device.type == "cuda", num_out, num_in, per_channel=w_scale_at == END_SCALE)
     unknown = set(tiles or {}) - set(TILE_KEYS)
     if unknown:
         raise ValueError(f"tiles may set only {TILE_KEYS}, got {sorted(unknown)}")

@@ -6,6 +6,7 @@ Legend: M = tokens, N = output features, K = input features, G = group size.
     int4_matmul(x, qweight, scales, zeros, group_size)   W = (q - z) * s           (W4A16)
     nf4_matmul(x, qweight, absmax)                       W = NF4_CODEBOOK[q] * absmax
     fp8_matmul(x, qweight, weight_scale, input_scale)    W = q * scale, x quantized to fp8 first (W8A8)
+    fp8_matmul_quantized(xq, x_scales, qweight, ...)     the same on x quantized already (a fused norm's)
 (layouts: kernels/quant_formats.py). y has x's dtype; products and sums in fp32.
 Each `<name>_ref` is the same math in plain torch: dequantize in fp32, matmul in fp32, cast to x's dtype
 (fp8's reference quantizes the activations as the kernel does).
@@ -54,7 +55,10 @@ __all__ = [
     "NF4_CODEBOOK",
     "dense_matmul",
     "dense_matmul_ref",
+    "fp8_activation_group",
     "fp8_matmul",
+    "fp8_matmul_quantized",
+    "fp8_matmul_quantized_ref",
     "fp8_matmul_ref",
     "int4_matmul",
     "int4_matmul_ref",
@@ -193,16 +197,27 @@ def _capability(index: int) -> tuple[int, int]:
 
 def uses_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
     """Whether fp8_matmul takes torch._scaled_mm: a GPU, more than STREAMING_MAX_TOKENS tokens, weight
-    scales per channel or per tensor, bf16 output and the 16-multiples its fp8 GEMM needs."""
+    scales per channel or per tensor, bf16 output and the 16-multiples its fp8 GEMM needs (x: the
+    activations, or their fp8 codes with the output dtype checked by the caller)."""
     num_out, num_in = qweight.shape
     return (
         x.device.type == "cuda"
         and x.shape[0] > STREAMING_MAX_TOKENS
-        and x.dtype == torch.bfloat16
+        and x.dtype in (torch.bfloat16, torch.float8_e4m3fn)
         and not fp8_block_scaled(qweight, weight_scale)
         and num_out % 16 == 0
         and num_in % 16 == 0
     )
+
+
+def _check_fp8_device(x: torch.Tensor, qweight, weight_scale, input_scale) -> None:
+    extra = [input_scale] if input_scale is not None else []
+    check_device(_quant_gemm_kernel, "x, qweight, weight_scale and input_scale", x, qweight, weight_scale, *extra)
+    if not supports_fp8(x.device):
+        raise ValueError(
+            f"fp8_matmul needs a GPU of compute capability >= 8.9, {x.device} has "
+            f"{torch.cuda.get_device_capability(x.device)}: quantize the weights to int8 instead"
+        )
 
 
 def fp8_matmul(
@@ -215,22 +230,55 @@ def fp8_matmul(
 ) -> torch.Tensor:
     num_out, num_in = fp8_weight_shape(qweight, weight_scale)
     check_activations(x, num_in)
-    extra = [input_scale] if input_scale is not None else []
-    check_device(_quant_gemm_kernel, "x, qweight, weight_scale and input_scale", x, qweight, weight_scale, *extra)
-    if not supports_fp8(x.device):
-        raise ValueError(
-            f"fp8_matmul needs a GPU of compute capability >= 8.9, {x.device} has "
-            f"{torch.cuda.get_device_capability(x.device)}: quantize the weights to int8 instead"
-        )
+    _check_fp8_device(x, qweight, weight_scale, input_scale)
     xq, x_scales, grouped = _fp8_activations(x, qweight, weight_scale, input_scale, quantize_fp8_activations)
-    if tiles is None and uses_scaled_mm(x, qweight, weight_scale):
+    return _fp8_matmul_codes(xq, x_scales, grouped, qweight, weight_scale, x.dtype, tiles)
+
+
+def fp8_activation_group(qweight: torch.Tensor, weight_scale: torch.Tensor) -> int | None:
+    """The group along K of the activations' dynamic scales that an fp8 weight asks for: FP8_BLOCK for
+    128x128 block scales, None (per token) otherwise."""
+    return FP8_BLOCK if fp8_block_scaled(qweight, weight_scale) else None
+
+
+def fp8_matmul_quantized(
+    xq: torch.Tensor,
+    x_scales: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    """fp8_matmul on activations quantized already (kernels/rms_norm_fp8.py): xq [M, K] float8_e4m3fn with
+    their dynamic scales, [M, ceil(K / 128)] for block-scaled weights (fp8_activation_group) or [M, 1]."""
+    num_out, num_in = fp8_weight_shape(qweight, weight_scale)
+    if xq.dtype != torch.float8_e4m3fn or xq.dim() != 2 or xq.shape[1] != num_in or not xq.is_contiguous():
+        raise ValueError(f"xq must be contiguous float8_e4m3fn [M, K={num_in}], got {list(xq.shape)} {xq.dtype}")
+    group = fp8_activation_group(qweight, weight_scale)
+    groups = 1 if group is None else -(-num_in // group)
+    if x_scales.dtype != torch.float32 or tuple(x_scales.shape) != (xq.shape[0], groups):
+        raise ValueError(
+            f"x_scales must be float32 [{xq.shape[0]}, {groups}] for this weight, "
+            f"got {list(x_scales.shape)} {x_scales.dtype}"
+        )
+    if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    _check_fp8_device(xq, qweight, weight_scale, x_scales)
+    return _fp8_matmul_codes(xq, x_scales, group is not None, qweight, weight_scale, out_dtype, tiles)
+
+
+def _fp8_matmul_codes(xq, x_scales, grouped: bool, qweight, weight_scale, out_dtype, tiles) -> torch.Tensor:
+    """The fp8 product of codes and their scales (grouped: per 128 columns, else one a token or the static one)."""
+    num_out = qweight.shape[0]
+    if tiles is None and out_dtype == torch.bfloat16 and uses_scaled_mm(xq, qweight, weight_scale):
         # NOTE: row-wise scaling wants both scales as vectors: [M, 1] and [1, N]
-        scale_a = x_scales.expand(x.shape[0], 1).contiguous()
+        scale_a = x_scales.expand(xq.shape[0], 1).contiguous()
         scale_b = weight_scale.reshape(1, -1).expand(1, num_out).contiguous()
-        return torch._scaled_mm(xq, qweight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
+        return torch._scaled_mm(xq, qweight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     block = fp8_block_scaled(qweight, weight_scale)
     return launch_quant_gemm(
-        xq, qweight, num_out, FP8, x.dtype,
+        xq, qweight, num_out, FP8, out_dtype,
         w_scales=weight_scale, w_scale_at=CHUNK_SCALE if block else END_SCALE, w_group=FP8_BLOCK,
         w_row_div=FP8_BLOCK if block else 1,
         x_scales=x_scales, x_scale_at=CHUNK_SCALE if grouped else END_SCALE, tiles=tiles,
@@ -247,3 +295,13 @@ def fp8_matmul_ref(
         x_scales = x_scales.repeat_interleave(FP8_BLOCK, dim=1)[:, :num_in]
     xd = xq.float() * x_scales
     return (xd @ dequantize_fp8(qweight, weight_scale).t()).to(x.dtype)
+
+
+def fp8_matmul_quantized_ref(
+    xq: torch.Tensor, x_scales: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    num_out, num_in = fp8_weight_shape(qweight, weight_scale)
+    spread = x_scales
+    if fp8_activation_group(qweight, weight_scale) is not None:
+        spread = x_scales.repeat_interleave(FP8_BLOCK, dim=1)[:, :num_in]
+    return ((xq.float() * spread) @ dequantize_fp8(qweight, weight_scale).t()).to(out_dtype)

@@ -85,6 +85,17 @@ class QuantizedWeight(nn.Module):
             return quant_ops.nf4_linear(x, self.qweight, self.absmax)
         return quant_ops.fp8_linear(x, self.qweight, self.weight_scale, getattr(self, "input_scale", None))
 
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether the pre-norm before this projection writes its activations (norm_project): fp8 with dynamic
+        activation scales, on the kernels' backend."""
+        return self.fmt == "fp8" and not self.scheme.static_input and quant_ops.use_triton(x)
+
+    def norm_project(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(rms_norm(x + residual)), x + residual) where fuses_norm(x): the norm quantizes its output."""
+        return quant_ops.fp8_norm_linear(x, residual, norm_weight, eps, self.qweight, self.weight_scale)
+
     @torch.no_grad()
     def load(self, name: str, tensor: torch.Tensor | PackedTensors, start: int, rows: int) -> None:
         """Rows start .. start + rows (one fused part, or all) from a checkpoint tensor `name`: PackedTensors

@@ -94,18 +94,29 @@ def test_repacked_weights_equal_the_checkpoints_dequantized_weights(smollm2_dir:
 
 @pytest.mark.parametrize("fmt", ["awq", "fp8_block", "ct_fp8_channel"])
 def test_the_triton_quantized_gemm_serves_the_same_tokens_on_the_interpreter(
-    fmt: str, smollm2_dir: Path, tmp_path: Path
+    fmt: str, smollm2_dir: Path, tmp_path: Path, monkeypatch
 ):
     """engine.quant_ops' dispatch: kernels="triton" runs kernels/quant_matmul.py's kernels (Triton's CPU
     interpreter here: the one-token GEMV of the decode steps, the GEMM's tiles of the prompt) and serves the
     tokens of the torch references. fp8 too: its activations are quantized again at every layer, so any
     difference in a layer's output that moves a code shows in the tokens (on the GPU the fp8 tensor-core dot's
-    own accumulation order does: decision 0070)."""
+    own accumulation order does: decision 0070). fp8's pre-norms write the activations themselves
+    (kernels/rms_norm_fp8.py, decision 0072): two a layer a step."""
+    import kernels.rms_norm_fp8 as rms_norm_fp8
+
+    fused_norms = []
+    real = rms_norm_fp8.rms_norm_fp8
+    monkeypatch.setattr(rms_norm_fp8, "rms_norm_fp8", lambda *a: fused_norms.append(a[0].shape[0]) or real(*a))
     build_quantized_checkpoint(fmt, tmp_path / fmt, smollm2_dir)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     want = run_staggered(make_engine(tmp_path / fmt, num_kv_tokens=256), PROMPTS[:1], params)
-    got = run_staggered(make_engine(tmp_path / fmt, num_kv_tokens=256, kernels="triton"), PROMPTS[:1], params)
+    assert fused_norms == []  # the torch references' engine runs the norm and the quantization apart
+    engine = make_engine(tmp_path / fmt, num_kv_tokens=256, kernels="triton")
+    fused_norms.clear()  # the warm-up's
+    got = run_staggered(engine, PROMPTS[:1], params)
     assert got == want
+    layers = len(engine.model.model.layers)
+    assert len(fused_norms) == (2 * layers * 3 if fmt.startswith(("fp8", "ct_fp8")) else 0)
 
 
 def test_dense_projections_take_the_streaming_gemm_when_switched_on(monkeypatch):

@@ -21,6 +21,13 @@ from kernels.quant_matmul import (
     nf4_matmul_ref,
 )
 
+MATMULS = {  # a format's public matmul and its reference
+    "int4": (int4_matmul, int4_matmul_ref),
+    "int8": (int8_matmul, int8_matmul_ref),
+    "nf4": (nf4_matmul, nf4_matmul_ref),
+    "fp8_channel": (fp8_matmul, fp8_matmul_ref),
+}
+
 
 def _close(got: torch.Tensor, expected: torch.Tensor, num_in: int) -> None:
     scale = max(float(expected.abs().max()), 1.0)
@@ -45,11 +52,7 @@ def test_codes_as_words_and_as_elements(fmt, num_in, group, words, device):
     ids = {"int4": INT4, "int8": INT8, "nf4": NF4}
     _, per, packed = stored_units(weight["qweight"], ids[fmt], group or num_in)
     assert (packed and per >= 4) == words
-    matmul, reference = {
-        "int4": (int4_matmul, int4_matmul_ref),
-        "int8": (int8_matmul, int8_matmul_ref),
-        "nf4": (nf4_matmul, nf4_matmul_ref),
-    }[fmt]
+    matmul, reference = MATMULS[fmt]
     x = torch.randn(1, num_in, device=device)
     _close(matmul(x, **weight), reference(x, **weight), num_in)
 
@@ -147,3 +150,41 @@ def test_whole_weight_dequantization_for_compute_bound_steps(fmt, num_in, group,
                         torch.bfloat16, zeros=weight.get("zeros"),
                         codebook=torch.tensor(NF4_CODEBOOK, device=device))  # fmt: skip
     assert torch.equal(halves, expected.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "fmt,num_out,num_in,per_channel,tile",
+    [
+        ("int8", 4096, 14336, False, dict(BLOCK_N=2, CHUNK=2048, num_warps=4)),  # down: long rows
+        ("int4", 4096, 14336, False, dict(BLOCK_N=2, CHUNK=2048, num_warps=4)),
+        ("int8", 4096, 4096, False, dict(BLOCK_N=8, CHUNK=1024, num_warps=4)),  # o: few output rows
+        ("int8", 28672, 4096, False, dict(BLOCK_N=4, CHUNK=1024, num_warps=4)),  # gate|up: the base
+        ("int4", 28672, 4096, False, dict(BLOCK_N=4, CHUNK=1024, num_warps=4)),
+        ("fp8", 6144, 4096, True, dict(BLOCK_N=2, CHUNK=1024, num_warps=4)),  # per-channel fp8
+        ("fp8", 6144, 4096, False, dict(BLOCK_N=4, CHUNK=1024, num_warps=8)),  # fp8 blocks: the base
+        ("nf4", 6144, 4096, False, dict(BLOCK_N=4, CHUNK=2048, num_warps=8)),
+    ],
+)
+def test_the_gpu_tile_follows_the_format_and_shape(fmt, num_out, num_in, per_channel, tile):
+    """The sweep's tiles (decision 0072) by format and shape; the interpreter keeps its small step."""
+    from kernels.quant_gemv import FP8, gemv_tiles
+
+    ids = {"int4": INT4, "int8": INT8, "nf4": NF4, "fp8": FP8}
+    assert gemv_tiles(ids[fmt], True, num_out, num_in, per_channel) == tile
+    assert gemv_tiles(ids[fmt], False, num_out, num_in, per_channel) == dict(BLOCK_N=4, CHUNK=64, num_warps=1)
+
+
+@pytest.mark.parametrize(
+    "fmt,tile",
+    [("int8", dict(BLOCK_N=2, CHUNK=2048)), ("int4", dict(BLOCK_N=2, CHUNK=2048)), ("int8", dict(BLOCK_N=8)),
+     ("fp8_channel", dict(BLOCK_N=2))],
+)  # fmt: skip
+def test_the_gpu_tiles_give_the_reference_on_a_shape_they_do_not_divide(fmt, tile, device):
+    """The GPU's row counts and steps on an odd row count and a K of one and a half steps (masks on both)."""
+    chunk = tile.get("CHUNK", 1024)
+    num_in = chunk + chunk // 2
+    group = None if fmt in ("int8", "fp8_channel") else 128
+    weight = random_quantized_weight(fmt, 2 * tile["BLOCK_N"] + 1, num_in, group, device)
+    matmul, reference = MATMULS[fmt]
+    x = torch.randn(1, num_in, device=device)
+    _close(matmul(x, **weight, tiles={**tile, "CHUNK": chunk}), reference(x, **weight), num_in)

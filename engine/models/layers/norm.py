@@ -38,8 +38,13 @@ class RMSNorm(nn.Module):
         they run as one kernel (engine.ops.rms_norm_linear), elsewhere as the norm and a matmul.
         """
         if proj.quant is not None:  # the fused one-token kernels read dense weights: norm and matmul apart
-            normed, residual = self(x, residual) if residual is not None else (self(x), x)
-            y = proj(normed)
+            if proj.quant.fuses_norm(x) and proj.parallel not in ("row", "row_partial"):
+                # W8A8 fp8: the norm writes the fp8 activations (no quantization kernel of its own)
+                y, residual = proj.quant.norm_project(x, residual, self.weight, self.eps)
+                y = y if proj.bias is None else y + proj.bias
+            else:
+                normed, residual = self(x, residual) if residual is not None else (self(x), x)
+                y = proj(normed)
             return (ops.silu_and_mul(y) if swiglu else y), residual
         return ops.rms_norm_linear(x, residual, self.weight, self.eps, proj.weight, proj.bias, swiglu=swiglu)
 
