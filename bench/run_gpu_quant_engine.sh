@@ -3,7 +3,7 @@
 # pool each format leaves, for bf16, fp8, int8 and int4 (random weights quantized on the fly) at the
 # Llama-3.2-1B and Llama-3.1-8B shapes (bench/quantized_decode.py), after the engine's quantized GPU check
 # (tests/engine/test_quantized_gpu.py: the tiny real-format checkpoints through the Triton kernels, the same
-# greedy tokens as through the torch references).
+# greedy tokens as through the torch references; fp8 within the references' own noise, decision 0073).
 #
 # Run from the repo root on the GPU machine:  bash bench/run_gpu_quant_engine.sh
 # Carry what bench/run_gpu_engine.sh needs (artifacts/smollm2-tokenizer, .whl: `bash bench/gpu_carry.sh`).
