@@ -22,6 +22,7 @@ from engine.quantization.on_the_fly import quantize_dense
 from engine.quantization.packed_tensors import PackedTensors
 from engine.quantization.scheme import QuantScheme
 from kernels.quant_formats import FP8_BLOCK, INT4_SYMMETRIC_ZERO, NF4_BLOCK
+from kernels.rms_norm_fp8 import MAX_COLS as FP8_NORM_MAX_COLS
 
 
 def _blocks(n: int) -> int:
@@ -87,8 +88,13 @@ class QuantizedWeight(nn.Module):
 
     def fuses_norm(self, x: torch.Tensor) -> bool:
         """Whether the pre-norm before this projection writes its activations (norm_project): fp8 with dynamic
-        activation scales, on the kernels' backend."""
-        return self.fmt == "fp8" and not self.scheme.static_input and quant_ops.use_triton(x)
+        activation scales, on the kernels' backend, a row that one program holds (kernels/rms_norm_fp8.py)."""
+        return (
+            self.fmt == "fp8"
+            and not self.scheme.static_input
+            and self.num_in <= FP8_NORM_MAX_COLS
+            and quant_ops.use_triton(x)
+        )
 
     def norm_project(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float

@@ -116,3 +116,20 @@ def test_bad_input_names_the_argument_and_the_limit(device):
         fp8_matmul_quantized(yq, scales, weight["qweight"], weight["weight_scale"], torch.bfloat16)
     with pytest.raises(ValueError, match="xq must be contiguous float8_e4m3fn"):
         fp8_matmul_quantized(x, scales, weight["qweight"], weight["weight_scale"], torch.bfloat16)
+
+
+def test_a_layer_wider_than_one_program_keeps_the_norm_and_the_quantization_apart(monkeypatch):
+    """engine.quantization's QuantizedWeight takes the fused norm only for rows one program holds (MAX_COLS);
+    wider fp8 layers keep the two kernels rather than fail."""
+    import engine.quantization.quantized_weight as quantized_weight
+    from engine import ops
+    from engine.quantization.scheme import QuantScheme
+
+    scheme = QuantScheme(fmt="fp8")
+    narrow, wide = quantized_weight.QuantizedWeight(scheme, 256, 16), quantized_weight.QuantizedWeight(scheme, 512, 16)
+    monkeypatch.setattr(quantized_weight, "FP8_NORM_MAX_COLS", 256)
+    x = torch.zeros(1, 256)
+    with ops.kernel_backend("triton"):
+        assert narrow.fuses_norm(x) and not wide.fuses_norm(x)
+    with ops.kernel_backend("torch"):
+        assert not narrow.fuses_norm(x)
