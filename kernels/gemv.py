@@ -121,6 +121,26 @@ def few_programs_per_sm(programs: int, sms: int) -> bool:
     return programs <= FEW_PROGRAMS_PER_SM * sms
 
 
+def check_projection_args(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None
+) -> tuple[int, int]:
+    """(N, K) of a projection x [M, K] weight[N, K]^T (+ bias) in x's dtype, after the checks gemv and
+    kernels/gemv_rows.py share (x's rows are the caller's to check)."""
+    check_float("x", x)
+    if weight.dim() != 2 or weight.dtype != x.dtype:
+        raise ValueError(f"weight must be [N, K] of x's dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+    num_out, num_in = weight.shape
+    if x.shape[1] != num_in:
+        raise ValueError(f"x has {x.shape[1]} features, the weight [N, K={num_in}] needs K")
+    if bias is not None and (bias.shape != (num_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous [{num_out}] tensor of x's dtype, got {tuple(bias.shape)}")
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
+    check_last_dim_contiguous("x", x)
+    check_last_dim_contiguous("weight", weight)
+    return num_out, num_in
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -133,25 +153,14 @@ def gemv(
     x's): F.linear(x, weight, bias).to(out_dtype) without the cast's kernel (the LM head's fp32 logits).
     tiles overrides entries of the tile gemv_tiles picks (tests, sweeps)."""
     check_device(_gemv_kernel, "x, weight and bias", x, weight, *([bias] if bias is not None else []))
-    check_float("x", x)
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got {tuple(x.shape)}: gemv is for a single token")
-    if weight.dim() != 2 or weight.dtype != x.dtype:
-        raise ValueError(f"weight must be [N, K] of x's dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
-    num_out, num_in = weight.shape
-    if x.shape[1] != num_in:
-        raise ValueError(f"x has {x.shape[1]} features, the weight [N, K={num_in}] needs K")
-    if bias is not None and (bias.shape != (num_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous [{num_out}] tensor of x's dtype, got {tuple(bias.shape)}")
-    check_last_dim_contiguous("x", x)
-    check_last_dim_contiguous("weight", weight)
+    num_out, num_in = check_projection_args(x, weight, bias, out_dtype)
     config = gemv_tiles(num_out, num_sms(x.device) if x.device.type == "cuda" else 0)
     unknown = set(tiles or {}) - set(config)
     if unknown:
         raise ValueError(f"tiles may set only {sorted(config)}, got {sorted(unknown)}")
     config.update(tiles or {})
-    if out_dtype is not None and not out_dtype.is_floating_point:
-        raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
     y = torch.empty(1, num_out, device=x.device, dtype=out_dtype or x.dtype)
     _gemv_kernel[(triton.cdiv(num_out, config["BLOCK_N"]),)](
         x, weight, bias if bias is not None else weight, y, num_out, num_in, weight.stride(0),

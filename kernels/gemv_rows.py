@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import check_device, check_float, check_last_dim_contiguous
+from kernels._launch import check_device
 from kernels._pdl import pdl_launch_dependents, pdl_options, pdl_wait
-from kernels.gemv import gemv_ref
+from kernels.gemv import check_projection_args, gemv_ref
 from kernels.rms_norm_gemv import check_norm_gemv_args, rms_norm_gemv_ref
 
 MAX_ROWS = 8  # the kernels' limit; the engine's is engine/ops.py's GEMV_ROWS_MAX
@@ -238,19 +238,8 @@ def gemv_rows(
     """y [M, N] = x [M, K] weight[N, K]^T (+ bias), rounded to x's dtype and stored as out_dtype (default x's).
     tiles overrides BLOCK_N, BLOCK_K or num_warps (tests, sweeps)."""
     check_device(_gemv_rows_kernel, "x, weight and bias", x, weight, *([bias] if bias is not None else []))
-    check_float("x", x)
     rows = _check_rows(x)
-    if weight.dim() != 2 or weight.dtype != x.dtype:
-        raise ValueError(f"weight must be [N, K] of x's dtype {x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
-    num_out, num_in = weight.shape
-    if x.shape[1] != num_in:
-        raise ValueError(f"x has {x.shape[1]} features, the weight [N, K={num_in}] needs K")
-    if bias is not None and (bias.shape != (num_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous [{num_out}] tensor of x's dtype, got {tuple(bias.shape)}")
-    if out_dtype is not None and not out_dtype.is_floating_point:
-        raise ValueError(f"out_dtype must be a floating dtype, got {out_dtype}")
-    check_last_dim_contiguous("x", x)
-    check_last_dim_contiguous("weight", weight)
+    num_out, num_in = check_projection_args(x, weight, bias, out_dtype)
     config = _tiles(x, PLAIN_TILES, tiles)
     y = torch.empty(x.shape[0], num_out, device=x.device, dtype=out_dtype or x.dtype)
     _gemv_rows_kernel[(triton.cdiv(num_out, config["BLOCK_N"]),)](
