@@ -12,6 +12,7 @@ import torch
 
 from engine.ops import use_triton
 from kernels.quant_matmul import fp8_matmul_ref, int4_matmul_ref, int8_matmul_ref, nf4_matmul_ref
+from kernels.rms_norm_fp8 import MAX_COLS as FP8_NORM_MAX_COLS
 
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -53,6 +54,13 @@ def fp8_linear(
 
         return kernel(x, qweight, weight_scale, input_scale)
     return fp8_matmul_ref(x, qweight, weight_scale, input_scale)
+
+
+def fuses_fp8_norm(x: torch.Tensor, num_in: int) -> bool:
+    """Whether an fp8 projection of input width num_in with dynamic activation scales takes fp8_norm_linear: the
+    kernels' backend, and a row one program of kernels/rms_norm_fp8.py holds (wider layers keep the norm and the
+    quantization apart rather than fail)."""
+    return num_in <= FP8_NORM_MAX_COLS and use_triton(x)
 
 
 def fp8_norm_linear(

@@ -22,7 +22,6 @@ from engine.quantization.on_the_fly import quantize_dense
 from engine.quantization.packed_tensors import PackedTensors
 from engine.quantization.scheme import QuantScheme
 from kernels.quant_formats import FP8_BLOCK, INT4_SYMMETRIC_ZERO, NF4_BLOCK
-from kernels.rms_norm_fp8 import MAX_COLS as FP8_NORM_MAX_COLS
 
 
 def _blocks(n: int) -> int:
@@ -89,12 +88,7 @@ class QuantizedWeight(nn.Module):
     def fuses_norm(self, x: torch.Tensor) -> bool:
         """Whether the pre-norm before this projection writes its activations (norm_project): fp8 with dynamic
         activation scales, on the kernels' backend, a row that one program holds (kernels/rms_norm_fp8.py)."""
-        return (
-            self.fmt == "fp8"
-            and not self.scheme.static_input
-            and self.num_in <= FP8_NORM_MAX_COLS
-            and quant_ops.use_triton(x)
-        )
+        return self.fmt == "fp8" and not self.scheme.static_input and quant_ops.fuses_fp8_norm(x, self.num_in)
 
     def norm_project(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float

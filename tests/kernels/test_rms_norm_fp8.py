@@ -121,13 +121,13 @@ def test_bad_input_names_the_argument_and_the_limit(device):
 def test_a_layer_wider_than_one_program_keeps_the_norm_and_the_quantization_apart(monkeypatch):
     """engine.quantization's QuantizedWeight takes the fused norm only for rows one program holds (MAX_COLS);
     wider fp8 layers keep the two kernels rather than fail."""
-    import engine.quantization.quantized_weight as quantized_weight
-    from engine import ops
+    from engine import ops, quant_ops
+    from engine.quantization.quantized_weight import QuantizedWeight
     from engine.quantization.scheme import QuantScheme
 
     scheme = QuantScheme(fmt="fp8")
-    narrow, wide = quantized_weight.QuantizedWeight(scheme, 256, 16), quantized_weight.QuantizedWeight(scheme, 512, 16)
-    monkeypatch.setattr(quantized_weight, "FP8_NORM_MAX_COLS", 256)
+    narrow, wide = QuantizedWeight(scheme, 256, 16), QuantizedWeight(scheme, 512, 16)
+    monkeypatch.setattr(quant_ops, "FP8_NORM_MAX_COLS", 256)
     x = torch.zeros(1, 256)
     with ops.kernel_backend("triton"):
         assert narrow.fuses_norm(x) and not wide.fuses_norm(x)
