@@ -205,23 +205,19 @@ def gemv_tiles(fmt: int, on_gpu: bool, num_out: int = 0, num_in: int = 0, per_ch
     """A program's rows (BLOCK_N), the columns of its step (CHUNK) and its warps, by format and shape, from two
     sweeps of one-token tiles on the H200 at the Llama-3.1-8B shapes (2026-11-29; the second a grid of rows 2..16,
     three steps and 4 or 8 warps, decision 0072):
-    - the base: 4 rows a program, 1 KB of codes a row a step (4 KB a program in flight, as kernels/gemv.py
-      streams bf16); 4 warps for int8 and int4, 8 for fp8 and nf4;
+    - the base: 4 rows a program, 1,024 columns a step (nf4 2,048); 4 warps for int8 and int4, 8 for fp8 and
+      nf4; int4 had 2,048 columns before the grid (gate|up 46.8 -> 42.1 us, qkv 11.9 -> 11.1 at 1,024);
     - int8 and int4 rows of at least 8,192 columns (down): 2 rows and 2,048 columns a step (int8 23.7 -> 18.9 us,
       int4 23.9 -> 22.5): twice the programs, each with twice the bytes a row in flight;
-    - int4 below that: 1,024 columns a step (gate|up 46.8 -> 42.1 us, qkv 11.9 -> 11.1);
     - int8 of at most 4,096 output rows (o): 8 rows a program (9.0 -> 7.6 us): x read from L2 half as often;
     - fp8 with per-channel scales: 2 rows and 4 warps (qkv 13.4 -> 12.4, gate|up 42.1 -> 40.7; o and down
       within 0.3 us). fp8 blocks and nf4 keep the base (not swept again).
     The interpreter takes small steps (its CPU time grows with the tile)."""
     if not on_gpu:
         return dict(BLOCK_N=4, CHUNK=64, num_warps=1)
-    four_bit = fmt in (INT4, NF4)
-    tile = dict(BLOCK_N=4, CHUNK=2048 if four_bit else 1024, num_warps=4 if fmt in (INT4, INT8) else 8)
+    tile = dict(BLOCK_N=4, CHUNK=2048 if fmt == NF4 else 1024, num_warps=4 if fmt in (INT4, INT8) else 8)
     if fmt in (INT4, INT8) and num_in >= 8192:
         tile.update(BLOCK_N=2, CHUNK=2048)
-    elif fmt == INT4:
-        tile.update(CHUNK=1024)
     elif fmt == INT8 and 0 < num_out <= 4096:
         tile.update(BLOCK_N=8)
     elif fmt == FP8 and per_channel:
